@@ -1,1 +1,126 @@
-fn main() {}
+//! The outbox end to end: a business update and its event commit together, then a relay
+//! delivers the event to a typed handler.
+//!
+//! Run with `cargo run --example quickstart` against the PostgreSQL in `DATABASE_URL`
+//! (default: postgres://postgres@127.0.0.1:5432/postgres, set in .cargo/config.toml).
+
+use std::time::Duration;
+
+use outbox_runtime::{emit, EventContext, OutboxEvent, Relay};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: Uuid,
+    total_cents: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.cancelled")]
+struct OrderCancelled {
+    #[outbox(id)]
+    order_id: Uuid,
+    reason: String,
+}
+
+/// What the handlers share: here, a channel to report deliveries to `main`.
+#[derive(Clone)]
+struct AppState {
+    delivered: mpsc::UnboundedSender<Uuid>,
+}
+
+async fn on_placed(ctx: EventContext<AppState>, event: OrderPlaced) -> Result<(), std::io::Error> {
+    println!(
+        "handler: order {} placed for {} cents (event {}, attempt {}, request {})",
+        event.order_id,
+        event.total_cents,
+        ctx.event_id(),
+        ctx.attempt(),
+        ctx.header("request_id").unwrap_or("-"),
+    );
+    let _ = ctx.state().delivered.send(ctx.event_id());
+    Ok(())
+}
+
+async fn on_cancelled(
+    ctx: EventContext<AppState>,
+    event: OrderCancelled,
+) -> Result<(), std::io::Error> {
+    println!("handler: order {} cancelled: {}", event.order_id, event.reason);
+    let _ = ctx.state().delivered.send(ctx.event_id());
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let pool = sqlx::PgPool::connect(&url).await?;
+
+    // 1. Schema: the application's own table, and the outbox's.
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS quickstart_orders \
+         (id uuid PRIMARY KEY, total_cents bigint NOT NULL, state text NOT NULL)",
+    )
+    .execute(&pool)
+    .await?;
+    outbox_runtime::migrate(&pool).await?;
+
+    // 2. A business update and its events, in one transaction: both commit or neither does.
+    let order_id = Uuid::now_v7();
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO quickstart_orders (id, total_cents, state) VALUES ($1, $2, 'placed')")
+        .bind(order_id)
+        .bind(4_200_i64)
+        .execute(&mut *tx)
+        .await?;
+    let placed = outbox_runtime::emit_with(
+        &mut tx,
+        &OrderPlaced { order_id, total_cents: 4_200 },
+        outbox_runtime::EmitOptions::new().header("request_id", "req-1"),
+    )
+    .await?;
+    sqlx::query("UPDATE quickstart_orders SET state = 'cancelled' WHERE id = $1")
+        .bind(order_id)
+        .execute(&mut *tx)
+        .await?;
+    let cancelled =
+        emit(&mut tx, &OrderCancelled { order_id, reason: "changed my mind".into() }).await?;
+    tx.commit().await?;
+    println!("emitted {placed} (order.placed) and {cancelled} (order.cancelled)");
+
+    // 3. The relay delivers them to the typed handlers.
+    let (delivered, mut deliveries) = mpsc::unbounded_channel();
+    let relay = Relay::builder(pool.clone())
+        .state(AppState { delivered })
+        .handler(on_placed)
+        .handler(on_cancelled)
+        .build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+
+    let mut waiting = vec![placed, cancelled];
+    while !waiting.is_empty() {
+        let id = tokio::time::timeout(Duration::from_secs(30), deliveries.recv())
+            .await?
+            .ok_or("relay stopped")?;
+        waiting.retain(|w| *w != id);
+    }
+    let _ = stop.send(());
+    let counts = running.await??;
+    let stats = outbox_runtime::stats(&pool).await?;
+    println!(
+        "relay delivered {} events ({} failed); outbox now has {} pending, {} dead",
+        counts.delivered, counts.failed, stats.pending, stats.dead
+    );
+    Ok(())
+}

@@ -1,11 +1,31 @@
 //! Transactional outbox for sqlx + PostgreSQL.
 #![warn(missing_docs)]
 
+mod emit;
+mod error;
 mod event;
+mod json;
+mod migrate;
+mod relay;
+mod stats;
+mod store;
 
+pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
+pub use error::{BoxError, Error, InvalidEvent};
 pub use event::OutboxEvent;
+pub use migrate::migrate;
+pub use relay::{
+    Backoff, BuildError, EventContext, Handler, HandlerFuture, Relay, RelayBuilder, RelayCounts,
+    RelayMetrics, UnknownEvents,
+};
+pub use stats::{stats, OutboxStats};
+
 /// Derives [`OutboxEvent`] for a serde struct; see the trait for the attributes.
 pub use outbox_macros::OutboxEvent;
+
+/// The sqlx this crate is built on (0.8), for callers who want to be sure their transaction
+/// type is the one `emit` takes.
+pub use sqlx;
 
 #[doc(hidden)]
 #[path = "private.rs"]

@@ -1,0 +1,142 @@
+//! Writing events into the outbox inside the caller's transaction.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::error::{Error, InvalidEvent};
+use crate::event::OutboxEvent;
+use crate::{json, store};
+
+/// Writes `event` into the outbox as part of `tx` and returns its event id.
+///
+/// The event exists only if `tx` commits: it is written and published atomically with the
+/// state change it describes. `emit` takes nothing but an open transaction, so an event cannot
+/// be written outside of one by mistake.
+///
+/// ```no_run
+/// # use outbox_runtime::OutboxEvent;
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order", event_type = "order.placed")]
+/// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+/// # async fn place(pool: sqlx::PgPool) -> Result<(), outbox_runtime::Error> {
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("UPDATE orders SET state = 'placed' WHERE id = $1").bind(7_i64).execute(&mut *tx).await?;
+/// outbox_runtime::emit(&mut tx, &OrderPlaced { order_id: 7 }).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidEvent`] when the event cannot be stored faithfully (see [`InvalidEvent`]);
+/// nothing is written and `tx` stays usable. [`Error::Database`] when the insert fails.
+pub async fn emit<E: OutboxEvent>(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &E,
+) -> Result<Uuid, Error> {
+    emit_with(tx, event, EmitOptions::new()).await
+}
+
+/// [`emit`] with headers or a delay; see [`EmitOptions`].
+pub async fn emit_with<E: OutboxEvent>(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &E,
+    options: EmitOptions,
+) -> Result<Uuid, Error> {
+    let ids = emit_all_with(tx, [event], options).await?;
+    Ok(ids.into_iter().next().unwrap_or_default())
+}
+
+/// Writes many events of one type in a single statement, in iteration order; returns their ids
+/// in the same order.
+pub async fn emit_all<'e, E: OutboxEvent + 'e>(
+    tx: &mut Transaction<'_, Postgres>,
+    events: impl IntoIterator<Item = &'e E>,
+) -> Result<Vec<Uuid>, Error> {
+    emit_all_with(tx, events, EmitOptions::new()).await
+}
+
+/// [`emit_all`] with the same headers and delay applied to every event.
+pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
+    tx: &mut Transaction<'_, Postgres>,
+    events: impl IntoIterator<Item = &'e E>,
+    options: EmitOptions,
+) -> Result<Vec<Uuid>, Error> {
+    let invalid = |reason| Error::InvalidEvent { event_type: E::EVENT_TYPE, reason };
+    let headers = json::to_json(&options.headers).map_err(invalid)?;
+
+    let mut rows = store::NewEvents::default();
+    for event in events {
+        let aggregate_id = event.aggregate_id();
+        if aggregate_id.contains('\0') {
+            return Err(invalid(InvalidEvent::NulCharacter("the aggregate id")));
+        }
+        let payload = json::to_json(event).map_err(invalid)?;
+        rows.push(Uuid::now_v7(), aggregate_id, payload);
+    }
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    store::insert_events(tx, E::AGGREGATE_TYPE, E::EVENT_TYPE, &headers, options.available, &rows)
+        .await?;
+    Ok(rows.event_ids)
+}
+
+/// Per-emit settings: correlation headers and when the event becomes deliverable.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_runtime::EmitOptions;
+///
+/// let options = EmitOptions::new()
+///     .header("request_id", "req-42")
+///     .header("tenant", "acme")
+///     .delay(Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EmitOptions {
+    headers: Map<String, Value>,
+    available: Available,
+}
+
+/// When an emitted event becomes deliverable.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) enum Available {
+    /// At the emitting transaction's start time (`now()`).
+    #[default]
+    Now,
+    /// That long after `now()`, measured by the database clock.
+    After(Duration),
+    /// At that instant.
+    At(DateTime<Utc>),
+}
+
+impl EmitOptions {
+    /// No headers, deliverable at once.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a header (request id, tenant, trace context...), stored in the `headers` column and
+    /// handed to handlers in `EventContext`. A later value for the same name replaces the earlier.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Delays delivery by `delay` after the emitting transaction started (database clock).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.available = Available::After(delay);
+        self
+    }
+
+    /// Makes the event deliverable no earlier than `at`.
+    pub fn available_at(mut self, at: DateTime<Utc>) -> Self {
+        self.available = Available::At(at);
+        self
+    }
+}

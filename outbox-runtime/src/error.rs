@@ -1,0 +1,47 @@
+//! The crate's error types.
+
+/// An error from emitting events, migrating, or running the relay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database refused a statement or could not be reached.
+    #[error("outbox database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// Applying the outbox migrations failed.
+    #[error("outbox migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// The `outbox.events` table does not exist: run [`migrate`](crate::migrate) first.
+    #[error("the outbox schema is missing: run `outbox_runtime::migrate` first")]
+    SchemaMissing,
+
+    /// An event could not be stored; nothing was written.
+    #[error("cannot emit `{event_type}` event: {reason}")]
+    InvalidEvent {
+        /// The event type of the rejected event.
+        event_type: &'static str,
+        /// Why it was rejected.
+        reason: InvalidEvent,
+    },
+}
+
+/// Why an event was rejected by `emit` before anything was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidEvent {
+    /// The payload did not serialize to JSON (for example a map with non-string keys).
+    #[error("payload does not serialize to JSON: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// The payload holds a NaN or infinite float, which JSON cannot represent
+    /// (`serde_json` would silently write `null`).
+    #[error("payload holds a non-finite float ({0}), which JSON cannot represent")]
+    NonFiniteFloat(f64),
+    /// A string in the payload, the aggregate id or a header holds a NUL character, which
+    /// PostgreSQL `text` and `jsonb` cannot store.
+    #[error("{0} holds a NUL character, which PostgreSQL cannot store")]
+    NulCharacter(&'static str),
+}
+
+/// A boxed error, as handlers return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

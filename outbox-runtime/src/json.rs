@@ -1,0 +1,241 @@
+//! Payload serialization that refuses what JSON or PostgreSQL would silently mangle or reject.
+
+use serde::ser::{self, Serialize};
+
+use crate::error::InvalidEvent;
+
+/// Serializes `value` to JSON text for a `jsonb` column.
+///
+/// On top of `serde_json`'s own errors (non-string map keys, failing `Serialize` impls) this
+/// rejects non-finite floats, which `serde_json` writes as `null` (losing the value), and NUL
+/// characters, which `jsonb` refuses (aborting the caller's transaction).
+pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, InvalidEvent> {
+    let json = serde_json::to_string(value).map_err(InvalidEvent::Serialize)?;
+    // A non-finite float always comes out as `null`: only then is the second pass needed.
+    if json.contains("null") {
+        value.serialize(FiniteFloats).map_err(|NonFinite(x)| InvalidEvent::NonFiniteFloat(x))?;
+    }
+    if has_escaped_nul(&json) {
+        return Err(InvalidEvent::NulCharacter("the payload"));
+    }
+    Ok(json)
+}
+
+/// Whether JSON text holds the escape `\u0000` (and not an escaped backslash followed by `u0000`).
+pub(crate) fn has_escaped_nul(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    json.match_indices("u0000").any(|(at, _)| {
+        let backslashes = bytes[..at].iter().rev().take_while(|&&b| b == b'\\').count();
+        backslashes % 2 == 1
+    })
+}
+
+/// A non-finite float found by [`FiniteFloats`].
+#[derive(Debug)]
+struct NonFinite(f64);
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "non-finite float {}", self.0)
+    }
+}
+
+impl std::error::Error for NonFinite {}
+
+impl ser::Error for NonFinite {
+    // A custom error from the value's own `Serialize` impl: serde_json already reported those in
+    // the first pass, so this pass cannot meet one it has not seen.
+    fn custom<M: std::fmt::Display>(_msg: M) -> Self {
+        NonFinite(f64::NAN)
+    }
+}
+
+/// A serializer that writes nothing and fails on the first NaN or infinity.
+struct FiniteFloats;
+
+macro_rules! accept {
+    ($($method:ident($ty:ty)),* $(,)?) => {
+        $(fn $method(self, _: $ty) -> Result<(), NonFinite> { Ok(()) })*
+    };
+}
+
+impl ser::Serializer for FiniteFloats {
+    type Ok = ();
+    type Error = NonFinite;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    accept!(
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128),
+        serialize_char(char),
+        serialize_str(&str),
+        serialize_bytes(&[u8]),
+        serialize_unit_struct(&'static str),
+    );
+
+    fn serialize_f32(self, v: f32) -> Result<(), NonFinite> {
+        self.serialize_f64(f64::from(v))
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), NonFinite> {
+        if v.is_finite() {
+            Ok(())
+        } else {
+            Err(NonFinite(v))
+        }
+    }
+    fn serialize_none(self) -> Result<(), NonFinite> {
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Result<(), NonFinite> {
+        v.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), NonFinite> {
+        Ok(())
+    }
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<(), NonFinite> {
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        v: &T,
+    ) -> Result<(), NonFinite> {
+        v.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        v: &T,
+    ) -> Result<(), NonFinite> {
+        v.serialize(self)
+    }
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_tuple(self, _: usize) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self, NonFinite> {
+        Ok(self)
+    }
+}
+
+/// Every compound serializer only forwards its elements to [`FiniteFloats`].
+macro_rules! forward_elements {
+    ($($trait:ident :: $method:ident $(($key:ty))?),* $(,)?) => {$(
+        impl ser::$trait for FiniteFloats {
+            type Ok = ();
+            type Error = NonFinite;
+            fn $method<T: Serialize + ?Sized>(&mut self, $(_: $key,)? value: &T) -> Result<(), NonFinite> {
+                value.serialize(FiniteFloats)
+            }
+            fn end(self) -> Result<(), NonFinite> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+forward_elements!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field,
+    SerializeStruct::serialize_field(&'static str),
+    SerializeStructVariant::serialize_field(&'static str),
+);
+
+impl ser::SerializeMap for FiniteFloats {
+    type Ok = ();
+    type Error = NonFinite;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), NonFinite> {
+        key.serialize(FiniteFloats)
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), NonFinite> {
+        value.serialize(FiniteFloats)
+    }
+    fn end(self) -> Result<(), NonFinite> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn rejects_non_finite_floats_anywhere() {
+        assert!(matches!(to_json(&f64::NAN), Err(InvalidEvent::NonFiniteFloat(x)) if x.is_nan()));
+        assert!(matches!(
+            to_json(&vec![Some(1.0), None, Some(f64::INFINITY)]),
+            Err(InvalidEvent::NonFiniteFloat(x)) if x == f64::INFINITY
+        ));
+        let map = BTreeMap::from([("a", f32::NEG_INFINITY)]);
+        assert!(matches!(to_json(&map), Err(InvalidEvent::NonFiniteFloat(_))));
+    }
+
+    #[test]
+    fn keeps_real_nulls_and_finite_floats() {
+        assert_eq!(to_json(&(None::<u8>, 1.5, ())).unwrap(), "[null,1.5,null]");
+    }
+
+    #[test]
+    fn rejects_non_string_map_keys() {
+        let map = BTreeMap::from([((1, 2), "x")]);
+        assert!(matches!(to_json(&map), Err(InvalidEvent::Serialize(_))));
+    }
+
+    #[test]
+    fn finds_nul_but_not_an_escaped_backslash() {
+        assert!(matches!(to_json("a\0b"), Err(InvalidEvent::NulCharacter(_))));
+        assert_eq!(to_json(r"\u0000").unwrap(), r#""\\u0000""#);
+        assert!(has_escaped_nul(r#""\\\u0000""#));
+    }
+}

@@ -1,0 +1,40 @@
+//! Applying the outbox schema with sqlx's migrator.
+
+use sqlx::migrate::Migrator;
+use sqlx::{Connection, PgPool};
+
+use crate::error::Error;
+
+/// The outbox migrations (`migrations/` at the repository root), embedded at compile time.
+static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// Creates or upgrades the outbox schema: the `outbox` schema, its `outbox.events` table,
+/// indexes and notify trigger. Safe to call at every start-up and from several processes at
+/// once (sqlx's migrator serializes them with an advisory lock).
+///
+/// The history of these migrations is kept in `outbox._sqlx_migrations`, apart from your own
+/// application's `_sqlx_migrations`: your `sqlx::migrate!()` and `sqlx migrate run` neither see
+/// nor disturb it, so call both at start-up, in either order.
+///
+/// ```no_run
+/// # async fn start(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// sqlx::migrate!().run(&pool).await?; // your migrations, as before
+/// outbox_runtime::migrate(&pool).await?; // the outbox's
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    // A connection of its own: the search path set here must not leak back into the pool.
+    let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
+    // CREATE SCHEMA IF NOT EXISTS can still race with itself, hence the lock.
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_runtime.migrate'))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS outbox").execute(&mut *tx).await?;
+    tx.commit().await?;
+    // The migrator keeps its history table in the first schema of the search path.
+    sqlx::query("SET search_path TO outbox").execute(&mut conn).await?;
+    MIGRATOR.run(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Assembling a relay: state, handlers, settings; conflicts are found by `build`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::event::OutboxEvent;
+use crate::relay::config::{Backoff, RelayConfig, UnknownEvents};
+use crate::relay::handler::{Handler, Route, Stateless, TypedRoute};
+use crate::relay::{Relay, Routes};
+
+/// Builds a [`Relay`]; start with [`Relay::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RelayBuilder<S = ()> {
+    pool: PgPool,
+    state: S,
+    handlers: Vec<Registered<S>>,
+    config: RelayConfig,
+}
+
+struct Registered<S> {
+    aggregate_type: &'static str,
+    event_type: &'static str,
+    event_name: &'static str,
+    route: Box<dyn Route<S>>,
+}
+
+/// Why [`RelayBuilder::build`] refused to build a relay.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// Two handlers were registered for one `(aggregate_type, event_type)`.
+    #[error(
+        "two handlers for aggregate `{aggregate_type}`, event type `{event_type}` \
+         (events `{first}` and `{second}`): register one handler per event type"
+    )]
+    DuplicateHandler {
+        /// The aggregate type both handlers take.
+        aggregate_type: &'static str,
+        /// The event type both handlers take.
+        event_type: &'static str,
+        /// The Rust event type of the first handler.
+        first: &'static str,
+        /// The Rust event type of the second handler.
+        second: &'static str,
+    },
+    /// No handler was registered, so the relay would deliver nothing.
+    #[error("the relay has no handlers: register at least one with `handler`")]
+    NoHandlers,
+    /// A setting is out of range.
+    #[error("invalid relay setting: {0}")]
+    InvalidSetting(&'static str),
+}
+
+impl Relay<()> {
+    /// Starts building a relay that leases from the outbox through `pool`.
+    ///
+    /// The relay holds up to three of the pool's connections at once: one to lease, one to
+    /// acknowledge, and one that LISTENs for new events.
+    pub fn builder(pool: PgPool) -> RelayBuilder<()> {
+        RelayBuilder { pool, state: (), handlers: Vec::new(), config: RelayConfig::default() }
+    }
+}
+
+impl RelayBuilder<()> {
+    /// Shared state handed to every handler through [`EventContext::state`](crate::EventContext::state),
+    /// cloned per delivery (put an `Arc` or a pool inside). Handlers registered before this
+    /// call keep taking `EventContext<()>`.
+    pub fn state<S: Clone + Send + Sync + 'static>(self, state: S) -> RelayBuilder<S> {
+        let handlers = self
+            .handlers
+            .into_iter()
+            .map(|h| Registered {
+                aggregate_type: h.aggregate_type,
+                event_type: h.event_type,
+                event_name: h.event_name,
+                route: Box::new(Stateless(h.route)) as Box<dyn Route<S>>,
+            })
+            .collect();
+        RelayBuilder { pool: self.pool, state, handlers, config: self.config }
+    }
+}
+
+impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
+    /// Registers `handler` for the event type of its second argument.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize, OutboxEvent)]
+    /// # #[outbox(aggregate = "order", event_type = "order.placed")]
+    /// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+    /// async fn on_placed(ctx: EventContext, event: OrderPlaced) -> Result<(), std::io::Error> {
+    ///     println!("order {} placed (attempt {})", event.order_id, ctx.attempt());
+    ///     Ok(())
+    /// }
+    /// # fn build(pool: sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
+    /// let relay = Relay::builder(pool).handler(on_placed).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn handler<E, H>(mut self, handler: H) -> Self
+    where
+        E: OutboxEvent + Send + 'static,
+        H: Handler<E, S>,
+    {
+        self.handlers.push(Registered {
+            aggregate_type: E::AGGREGATE_TYPE,
+            event_type: E::EVENT_TYPE,
+            event_name: std::any::type_name::<E>(),
+            route: Box::new(TypedRoute::<H, E>::new(handler)),
+        });
+        self
+    }
+
+    /// Most handlers running at once. Default 16.
+    pub fn concurrency(mut self, handlers: usize) -> Self {
+        self.config.concurrency = handlers;
+        self
+    }
+
+    /// Most rows leased in one statement. Default 100.
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.config.batch_size = rows;
+        self
+    }
+
+    /// Failed deliveries (and expired leases) after which a row is dead. Default 10.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.config.max_attempts = attempts;
+        self
+    }
+
+    /// How long a lease hides a row from other relays. The relay renews the leases of rows it
+    /// still holds, so this bounds how long the rows of a relay that died stay hidden, not how
+    /// long a handler may run. Default 30 s.
+    pub fn lease_timeout(mut self, timeout: Duration) -> Self {
+        self.config.lease_timeout = timeout;
+        self
+    }
+
+    /// How often an idle relay looks for rows when no notification wakes it (new events wake it
+    /// at once; retries and delayed events are found by polling). Default 1 s.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// Retry delays after failures. Default: base 1 s, cap 10 minutes, jitter on.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// How long shutdown waits for running handlers before cancelling them and handing their
+    /// rows back. Default 30 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Cancels a handler that runs longer than this and records a failure. Default: none.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.config.handler_timeout = Some(timeout);
+        self
+    }
+
+    /// What to do with rows no handler takes. Default [`UnknownEvents::LeaveForOthers`].
+    pub fn unknown_events(mut self, policy: UnknownEvents) -> Self {
+        self.config.unknown_events = policy;
+        self
+    }
+
+    /// Checks the handlers and settings and builds the relay.
+    pub fn build(self) -> Result<Relay<S>, BuildError> {
+        let config = self.config;
+        if config.concurrency == 0 {
+            return Err(BuildError::InvalidSetting("concurrency must be at least 1"));
+        }
+        if config.batch_size == 0 {
+            return Err(BuildError::InvalidSetting("batch_size must be at least 1"));
+        }
+        if config.max_attempts == 0 || i32::try_from(config.max_attempts).is_err() {
+            return Err(BuildError::InvalidSetting("max_attempts must be between 1 and i32::MAX"));
+        }
+        if config.lease_timeout < Duration::from_millis(100) {
+            return Err(BuildError::InvalidSetting("lease_timeout must be at least 100 ms"));
+        }
+        if config.poll_interval.is_zero() {
+            return Err(BuildError::InvalidSetting("poll_interval must be positive"));
+        }
+        if self.handlers.is_empty() {
+            return Err(BuildError::NoHandlers);
+        }
+
+        let mut routes: Routes<S> = HashMap::new();
+        let mut names: HashMap<(&str, &str), &'static str> = HashMap::new();
+        for handler in self.handlers {
+            let key = (handler.aggregate_type, handler.event_type);
+            if let Some(first) = names.insert(key, handler.event_name) {
+                return Err(BuildError::DuplicateHandler {
+                    aggregate_type: handler.aggregate_type,
+                    event_type: handler.event_type,
+                    first,
+                    second: handler.event_name,
+                });
+            }
+            routes.insert(key, Arc::from(handler.route));
+        }
+        Ok(Relay::new(self.pool, self.state, routes, config))
+    }
+}

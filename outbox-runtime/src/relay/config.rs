@@ -1,0 +1,106 @@
+//! The relay's tunables and their defaults.
+
+use std::time::Duration;
+
+/// Retry delays: `min(base * 2^failures, cap)`, then jittered into its upper half.
+///
+/// With the defaults (base 1 s, cap 10 minutes, the reference design's) the first retry comes
+/// 0.5–1 s after the first failure, the second 1–2 s after the second, and so on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// Delay after the first failure, before jitter.
+    pub base: Duration,
+    /// Longest delay, before jitter.
+    pub cap: Duration,
+    /// Spread retries over `[delay / 2, delay]` so failures that happened together do not retry
+    /// together.
+    pub jitter: bool,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { base: Duration::from_secs(1), cap: Duration::from_secs(600), jitter: true }
+    }
+}
+
+impl Backoff {
+    /// The delay before the retry that follows a failure, given how many failures (and
+    /// expired leases) came before this one.
+    pub fn delay(&self, earlier_failures: u32) -> Duration {
+        let factor = 2_u32.checked_pow(earlier_failures).unwrap_or(u32::MAX);
+        let delay = self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap);
+        if self.jitter {
+            delay.mul_f64(0.5 + fastrand::f64() / 2.0)
+        } else {
+            delay
+        }
+    }
+}
+
+/// What a relay does with a row whose `(aggregate_type, event_type)` has no handler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnknownEvents {
+    /// Do not lease it: it stays pending for a relay that has the handler (rolling deploys,
+    /// relays split by event type). It shows in `pending` and in the lag until one does.
+    #[default]
+    LeaveForOthers,
+    /// Lease it and record a failure naming the missing handler; after `max_attempts` such
+    /// failures the row is dead and can be inspected and requeued.
+    Fail,
+}
+
+/// Relay settings; every field has a documented default.
+#[derive(Debug, Clone)]
+pub(crate) struct RelayConfig {
+    pub(crate) concurrency: usize,
+    pub(crate) batch_size: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) lease_timeout: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) handler_timeout: Option<Duration>,
+    pub(crate) unknown_events: UnknownEvents,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            batch_size: 100,
+            max_attempts: 10,
+            lease_timeout: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            backoff: Backoff::default(),
+            shutdown_timeout: Duration::from_secs(30),
+            handler_timeout: None,
+            unknown_events: UnknownEvents::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let backoff = Backoff { jitter: false, ..Backoff::default() };
+        let secs: Vec<u64> = (0..12).map(|n| backoff.delay(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(600));
+    }
+
+    #[test]
+    fn jitter_stays_in_the_upper_half() {
+        let backoff = Backoff::default();
+        for _ in 0..1000 {
+            let delay = backoff.delay(3);
+            assert!(
+                delay >= Duration::from_secs(4) && delay <= Duration::from_secs(8),
+                "{delay:?}"
+            );
+        }
+    }
+}

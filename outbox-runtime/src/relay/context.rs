@@ -1,0 +1,60 @@
+//! What a handler learns about the event beside its payload.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::relay::handler::RowMeta;
+
+/// The delivery context handed to a handler with its event: ids, headers, attempt number and
+/// the relay's shared state.
+#[derive(Debug, Clone)]
+pub struct EventContext<S = ()> {
+    state: S,
+    event_id: Uuid,
+    aggregate_id: String,
+    headers: serde_json::Value,
+    attempt: u32,
+    created_at: DateTime<Utc>,
+}
+
+impl<S> EventContext<S> {
+    pub(crate) fn new(state: S, meta: RowMeta) -> Self {
+        let RowMeta { event_id, aggregate_id, headers, attempt, created_at } = meta;
+        Self { state, event_id, aggregate_id, headers, attempt, created_at }
+    }
+
+    /// The relay's shared state (see `RelayBuilder::state`).
+    pub fn state(&self) -> &S {
+        &self.state
+    }
+
+    /// The event's id, as `emit` returned it. Stable across retries: use it to deduplicate.
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// The aggregate id the event was emitted with.
+    pub fn aggregate_id(&self) -> &str {
+        &self.aggregate_id
+    }
+
+    /// All headers the event was emitted with, as a JSON object.
+    pub fn headers(&self) -> &serde_json::Value {
+        &self.headers
+    }
+
+    /// One header, if present and a string.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name)?.as_str()
+    }
+
+    /// Which delivery attempt this is, from 1: failures and expired leases before it, plus one.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the event was emitted (the emitting transaction's start, database clock).
+    pub fn created_at(&self) -> DateTime<Utc> {
+        self.created_at
+    }
+}

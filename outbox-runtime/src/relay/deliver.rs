@@ -1,0 +1,146 @@
+//! One delivery: decode, call the handler, catch what goes wrong, report the outcome.
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::Instrument;
+
+use crate::relay::acker::{Ack, Outcome};
+use crate::relay::handler::{Route, RowMeta};
+use crate::store::LeasedEvent;
+
+/// Longest error text kept in `last_error`.
+const MAX_ERROR_LEN: usize = 4_096;
+
+pub(crate) struct Delivery<S> {
+    /// `None` when no handler takes this event type (the `UnknownEvents::Fail` policy).
+    pub(crate) route: Option<Arc<dyn Route<S>>>,
+    pub(crate) state: S,
+    pub(crate) row: LeasedEvent,
+    pub(crate) handler_timeout: Option<Duration>,
+    pub(crate) acks: UnboundedSender<Ack>,
+}
+
+impl<S> Delivery<S> {
+    pub(crate) async fn run(self) {
+        let Delivery { route, state, row, handler_timeout, acks } = self;
+        let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
+        let span = tracing::info_span!(
+            "outbox.deliver",
+            event_id = %row.event_id,
+            aggregate_type = %row.aggregate_type,
+            event_type = %row.event_type,
+            attempt = earlier_failures + 1,
+        );
+        // If this task is cancelled (shutdown timeout), the guard hands the row back.
+        let mut guard =
+            AckGuard { acks, event_id: row.event_id, token: row.lease_token, sent: false };
+        let result = async {
+            let Some(route) = route else {
+                return Err(format!(
+                    "no handler registered for aggregate `{}`, event type `{}`",
+                    row.aggregate_type, row.event_type
+                ));
+            };
+            let meta = RowMeta {
+                event_id: row.event_id,
+                aggregate_id: row.aggregate_id,
+                headers: row.headers,
+                attempt: earlier_failures + 1,
+                created_at: row.created_at,
+            };
+            let handling = catch_unwind(AssertUnwindSafe(|| route.call(state, meta, &row.payload)))
+                .map_err(panic_message)?
+                .map_err(|decode| decode.to_string())?;
+            let handling = AssertUnwindSafe(handling).catch_unwind();
+            let finished = match handler_timeout {
+                Some(limit) => tokio::time::timeout(limit, handling)
+                    .await
+                    .map_err(|_| format!("handler timed out after {limit:?}"))?,
+                None => handling.await,
+            };
+            finished.map_err(panic_message)?.map_err(|error| error_chain(&*error))
+        }
+        .instrument(span.clone())
+        .await;
+
+        let _entered = span.enter();
+        let outcome = match result {
+            Ok(()) => {
+                tracing::debug!("outbox event delivered");
+                Outcome::Delivered
+            }
+            Err(error) => {
+                tracing::warn!(%error, "outbox event delivery failed");
+                Outcome::Failed { error: clean_error(error), earlier_failures }
+            }
+        };
+        guard.send(outcome);
+    }
+}
+
+/// Sends the outcome exactly once; if dropped unsent, hands the row back.
+struct AckGuard {
+    acks: UnboundedSender<Ack>,
+    event_id: uuid::Uuid,
+    token: uuid::Uuid,
+    sent: bool,
+}
+
+impl AckGuard {
+    fn send(&mut self, outcome: Outcome) {
+        self.sent = true;
+        // The acker outlives every delivery task; a send can only fail if it panicked, and
+        // then the lease expires and the row is delivered again.
+        let _ = self.acks.send(Ack { event_id: self.event_id, token: self.token, outcome });
+    }
+}
+
+impl Drop for AckGuard {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.send(Outcome::Released);
+        }
+    }
+}
+
+fn panic_message(panic: Box<dyn Any + Send>) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-string panic payload");
+    format!("handler panicked: {message}")
+}
+
+/// `error: cause: cause...`, like anyhow's `{:#}`.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Makes an error text storable: PostgreSQL `text` refuses NUL, and a huge text bloats rows.
+fn clean_error(mut error: String) -> String {
+    if error.contains('\0') {
+        error = error.replace('\0', "\u{FFFD}");
+    }
+    if error.len() > MAX_ERROR_LEN {
+        let mut end = MAX_ERROR_LEN;
+        while !error.is_char_boundary(end) {
+            end -= 1;
+        }
+        error.truncate(end);
+        error.push('…');
+    }
+    error
+}

@@ -1,0 +1,249 @@
+//! The relay: leases committed events, hands each to its typed handler, records the outcome.
+//!
+//! Inside, one loop leases batches and spawns a task per delivery (at most `concurrency` at
+//! once); deliveries send their outcomes to an acknowledger that writes them in batches; a
+//! listener wakes the loop on NOTIFY; a renewer keeps the leases of held rows alive.
+
+mod acker;
+mod builder;
+mod config;
+mod context;
+mod deliver;
+mod handler;
+mod listener;
+mod metrics;
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::store::{self, LeaseFilter, LeaseRequest, LeasedEvent};
+use acker::{Ack, Acker, Held, Outcome};
+use config::RelayConfig;
+use deliver::Delivery;
+use handler::Route;
+
+pub use builder::{BuildError, RelayBuilder};
+pub use config::{Backoff, UnknownEvents};
+pub use context::EventContext;
+pub use handler::{Handler, HandlerFuture};
+pub use metrics::{RelayCounts, RelayMetrics};
+
+type Routes<S> = HashMap<(&'static str, &'static str), Arc<dyn Route<S>>>;
+
+/// Delivers committed outbox events to typed handlers, at least once each.
+///
+/// Build one with [`Relay::builder`], then [`run_until`](Relay::run_until) a shutdown signal.
+/// Any number of relays, in one process or many, can share one outbox table: a leased row is
+/// hidden from the others until its lease is acknowledged or expires.
+pub struct Relay<S = ()> {
+    pool: PgPool,
+    state: S,
+    routes: Routes<S>,
+    /// The `(aggregate_type, event_type)` pairs with a handler, column-wise, for the lease filter.
+    handled: (Vec<String>, Vec<String>),
+    config: RelayConfig,
+    metrics: RelayMetrics,
+}
+
+impl<S: Clone + Send + Sync + 'static> Relay<S> {
+    fn new(pool: PgPool, state: S, routes: Routes<S>, config: RelayConfig) -> Self {
+        let handled = routes.keys().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
+        Self { pool, state, routes, handled, config, metrics: RelayMetrics::default() }
+    }
+
+    /// A live view of this relay's counters, usable while it runs.
+    pub fn metrics(&self) -> RelayMetrics {
+        self.metrics.clone()
+    }
+
+    /// Runs the relay until `shutdown` completes, then shuts down gracefully: stops leasing,
+    /// hands back rows it leased but did not start, waits up to the shutdown timeout for running
+    /// handlers (cancelling and handing back the rest), writes the last acknowledgements, and
+    /// returns what it did.
+    ///
+    /// Database errors are logged and retried, never fatal, except a missing outbox schema.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) -> Result<(), outbox_runtime::Error> {
+    /// let counts = relay.run_until(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+    /// println!("delivered {} events", counts.delivered);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<RelayCounts, Error> {
+        let wake = Arc::new(Notify::new());
+        let held = Held::default();
+        let (acks, acks_rx) = mpsc::unbounded_channel();
+        // Background tasks die with this future, should the caller drop it instead of
+        // signalling shutdown; leased rows then come back when their leases expire.
+        let listener = AbortOnDrop(tokio::spawn(listener::listen(self.pool.clone(), wake.clone())));
+        let renewer = AbortOnDrop(tokio::spawn(acker::renew_leases(
+            self.pool.clone(),
+            held.clone(),
+            self.config.lease_timeout,
+        )));
+        let mut acker = AbortOnDrop(tokio::spawn(
+            Acker {
+                pool: self.pool.clone(),
+                held: held.clone(),
+                metrics: self.metrics.clone(),
+                backoff: self.config.backoff,
+                max_attempts: self.config.max_attempts as i32,
+            }
+            .run(acks_rx),
+        ));
+
+        let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
+        let result = self.work(&mut work, &wake, shutdown).await;
+        drop(listener);
+
+        // Graceful shutdown.
+        let Work { queue, mut tasks, acks, .. } = work;
+        for row in queue {
+            let _ = acks.send(Ack {
+                event_id: row.event_id,
+                token: row.lease_token,
+                outcome: Outcome::Released,
+            });
+        }
+        let finished = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(self.config.shutdown_timeout, finished).await.is_err() {
+            tracing::warn!(
+                cancelled = tasks.len(),
+                "outbox handlers still running at the shutdown timeout; cancelling them"
+            );
+            tasks.shutdown().await; // cancelled deliveries hand their rows back
+        }
+        drop(renewer);
+        drop(acks);
+        if let Err(error) = (&mut acker.0).await {
+            tracing::error!(%error, "outbox acknowledger failed");
+        }
+        result.map(|()| self.metrics.counts())
+    }
+
+    /// Leases and starts deliveries until `shutdown`; returns early only on a fatal error.
+    async fn work(
+        &self,
+        work: &mut Work,
+        wake: &Notify,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error> {
+        let config = &self.config;
+        let mut shutdown = std::pin::pin!(shutdown.fuse());
+        let mut retry = config.poll_interval;
+        loop {
+            if shutdown.as_mut().now_or_never().is_some() {
+                return Ok(());
+            }
+            while work.tasks.try_join_next().is_some() {}
+            while work.tasks.len() >= config.concurrency {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => return Ok(()),
+                    _ = work.tasks.join_next() => {}
+                }
+            }
+            if let Some(row) = work.queue.pop_front() {
+                self.start(work, row);
+                continue;
+            }
+            match self.lease(&work.held).await {
+                Ok((rows, full)) => {
+                    retry = config.poll_interval;
+                    work.queue.extend(rows);
+                    if full || !work.queue.is_empty() {
+                        continue;
+                    }
+                    // Nothing available: sleep until a NOTIFY or the next poll.
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(config.poll_interval) => {}
+                    }
+                }
+                Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42P01") => {
+                    return Err(Error::SchemaMissing);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?retry, "cannot lease outbox events");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(retry) => {}
+                    }
+                    retry = (retry * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    /// Leases one batch; returns the deliverable rows and whether the batch was full.
+    async fn lease(&self, held: &Held) -> Result<(Vec<LeasedEvent>, bool), sqlx::Error> {
+        let config = &self.config;
+        let filter = match config.unknown_events {
+            UnknownEvents::LeaveForOthers => {
+                LeaseFilter::Only { aggregate_types: &self.handled.0, event_types: &self.handled.1 }
+            }
+            UnknownEvents::Fail => LeaseFilter::All,
+        };
+        let rows = store::lease(
+            &self.pool,
+            LeaseRequest {
+                limit: i64::from(config.batch_size),
+                lease_timeout: config.lease_timeout,
+                max_attempts: config.max_attempts as i32,
+                filter,
+            },
+        )
+        .await?;
+        let full = rows.len() == config.batch_size as usize;
+        let (died, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| row.died);
+        if !died.is_empty() {
+            let dead: Vec<_> = died.iter().map(|row| row.event_id).collect();
+            tracing::warn!(?dead, "outbox events whose last lease expired are now dead");
+            self.metrics.add_dead(dead.len());
+        }
+        for row in &live {
+            held.insert(row.event_id, row.lease_token);
+        }
+        Ok((live, full))
+    }
+
+    fn start(&self, work: &mut Work, row: LeasedEvent) {
+        let route =
+            self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str())).cloned();
+        let delivery = Delivery {
+            route,
+            state: self.state.clone(),
+            row,
+            handler_timeout: self.config.handler_timeout,
+            acks: work.acks.clone(),
+        };
+        work.tasks.spawn(delivery.run());
+    }
+}
+
+/// The loop's working set, kept apart from the relay so shutdown can drain it.
+struct Work {
+    /// Leased rows not started yet.
+    queue: VecDeque<LeasedEvent>,
+    tasks: JoinSet<()>,
+    held: Held,
+    acks: mpsc::UnboundedSender<Ack>,
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,317 @@
+//! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for.
+//!
+//! Values are always bound, never formatted into SQL. Statements that touch many rows take
+//! arrays and `UNNEST` them, so a batch costs one round trip.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::emit::Available;
+
+/// The channel the insert trigger notifies; relays LISTEN on it.
+pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
+
+/// Delays past this are capped: PostgreSQL timestamps end in the year 294276.
+const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
+}
+
+// ---------------------------------------------------------------------------------------------
+// emit
+// ---------------------------------------------------------------------------------------------
+
+/// Column-wise rows for one multi-row insert.
+#[derive(Default)]
+pub(crate) struct NewEvents {
+    pub(crate) event_ids: Vec<Uuid>,
+    aggregate_ids: Vec<String>,
+    payloads: Vec<String>,
+}
+
+impl NewEvents {
+    pub(crate) fn push(&mut self, event_id: Uuid, aggregate_id: String, payload: String) {
+        self.event_ids.push(event_id);
+        self.aggregate_ids.push(aggregate_id);
+        self.payloads.push(payload);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.event_ids.is_empty()
+    }
+}
+
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    aggregate_type: &str,
+    event_type: &str,
+    headers: &str,
+    available: Available,
+    rows: &NewEvents,
+) -> Result<(), sqlx::Error> {
+    let (at, delay) = match available {
+        Available::Now => (None, Duration::ZERO),
+        Available::After(delay) => (None, delay),
+        Available::At(at) => (Some(at), Duration::ZERO),
+    };
+    sqlx::query(
+        "INSERT INTO outbox.events \
+             (event_id, aggregate_type, aggregate_id, event_type, payload, headers, available_at) \
+         SELECT e.event_id, $1, e.aggregate_id, $2, e.payload::jsonb, $3::jsonb, \
+                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond') \
+         FROM UNNEST($6::uuid[], $7::text[], $8::text[]) WITH ORDINALITY \
+              AS e(event_id, aggregate_id, payload, ord) \
+         ORDER BY e.ord",
+    )
+    .bind(aggregate_type)
+    .bind(event_type)
+    .bind(headers)
+    .bind(at)
+    .bind(micros(delay))
+    .bind(&rows.event_ids)
+    .bind(&rows.aggregate_ids)
+    .bind(&rows.payloads)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// relay
+// ---------------------------------------------------------------------------------------------
+
+/// A row the relay holds a lease on.
+#[derive(Debug)]
+pub(crate) struct LeasedEvent {
+    pub(crate) event_id: Uuid,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: String,
+    pub(crate) headers: serde_json::Value,
+    pub(crate) created_at: DateTime<Utc>,
+    /// Failures and expired leases so far, this lease's expiry included.
+    pub(crate) attempts: i32,
+    pub(crate) lease_token: Uuid,
+    /// The previous lease expired and that was the last attempt: the row is now dead and must
+    /// not be delivered.
+    pub(crate) died: bool,
+}
+
+/// Which event types a relay leases.
+pub(crate) enum LeaseFilter<'a> {
+    /// Only these `(aggregate_type, event_type)` pairs.
+    Only { aggregate_types: &'a [String], event_types: &'a [String] },
+    /// Every event, handled or not.
+    All,
+}
+
+pub(crate) struct LeaseRequest<'a> {
+    pub(crate) limit: i64,
+    pub(crate) lease_timeout: Duration,
+    pub(crate) max_attempts: i32,
+    pub(crate) filter: LeaseFilter<'a>,
+}
+
+/// Leases up to `limit` available rows in one statement under a fresh fencing token.
+///
+/// The lease pushes `available_at` past the lease timeout, so the row stays invisible to every
+/// other relay after this statement commits, until the lease expires. Leasing a row whose
+/// previous lease expired counts that expiry as an attempt, and kills the row if it was the last.
+pub(crate) async fn lease(
+    pool: &PgPool,
+    request: LeaseRequest<'_>,
+) -> Result<Vec<LeasedEvent>, sqlx::Error> {
+    let (only, aggregate_types, event_types) = match request.filter {
+        LeaseFilter::Only { aggregate_types, event_types } => (true, aggregate_types, event_types),
+        LeaseFilter::All => (false, &[][..], &[][..]),
+    };
+    let token = Uuid::new_v4();
+    let rows = sqlx::query(
+        "WITH candidates AS ( \
+             SELECT event_id FROM outbox.events \
+             WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+               AND (NOT $5 OR (aggregate_type, event_type) IN \
+                    (SELECT * FROM UNNEST($6::text[], $7::text[]))) \
+             ORDER BY available_at, seq \
+             LIMIT $1 \
+             FOR UPDATE SKIP LOCKED \
+         ) \
+         UPDATE outbox.events e \
+         SET lease_token  = $2, \
+             available_at = now() + $3::bigint * interval '1 microsecond', \
+             attempts     = e.attempts + (e.lease_token IS NOT NULL)::int, \
+             last_error   = CASE WHEN e.lease_token IS NULL THEN e.last_error \
+                            ELSE 'lease expired before the relay acknowledged the event' END, \
+             dead_at      = CASE WHEN e.lease_token IS NOT NULL AND e.attempts + 1 >= $4 \
+                            THEN now() END \
+         FROM candidates c \
+         WHERE e.event_id = c.event_id \
+         RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload::text, \
+                   e.headers, e.created_at, e.attempts, e.dead_at IS NOT NULL AS died",
+    )
+    .bind(request.limit)
+    .bind(token)
+    .bind(micros(request.lease_timeout))
+    .bind(request.max_attempts)
+    .bind(only)
+    .bind(aggregate_types)
+    .bind(event_types)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(LeasedEvent {
+                event_id: row.try_get(0)?,
+                aggregate_type: row.try_get(1)?,
+                aggregate_id: row.try_get(2)?,
+                event_type: row.try_get(3)?,
+                payload: row.try_get(4)?,
+                headers: row.try_get(5)?,
+                created_at: row.try_get(6)?,
+                attempts: row.try_get(7)?,
+                died: row.try_get(8)?,
+                lease_token: token,
+            })
+        })
+        .collect()
+}
+
+/// Marks delivered rows published. Returns the ids whose lease was still valid; the others
+/// were re-leased by another relay after this one's lease expired, and are left untouched.
+pub(crate) async fn publish(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE outbox.events e SET published_at = now() \
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS a(event_id, lease_token) \
+         WHERE e.event_id = a.event_id AND e.lease_token = a.lease_token \
+           AND e.published_at IS NULL \
+         RETURNING e.event_id",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .fetch_all(pool)
+    .await
+}
+
+/// Failed deliveries, column-wise.
+#[derive(Default)]
+pub(crate) struct Failures {
+    pub(crate) event_ids: Vec<Uuid>,
+    pub(crate) tokens: Vec<Uuid>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) retry_in_micros: Vec<i64>,
+}
+
+impl Failures {
+    pub(crate) fn push(&mut self, event_id: Uuid, token: Uuid, error: String, retry_in: Duration) {
+        self.event_ids.push(event_id);
+        self.tokens.push(token);
+        self.errors.push(error);
+        self.retry_in_micros.push(micros(retry_in));
+    }
+}
+
+/// A failure that the database accepted (the lease was still valid).
+pub(crate) struct RecordedFailure {
+    pub(crate) event_id: Uuid,
+    pub(crate) dead: bool,
+}
+
+/// Records failed deliveries: counts the attempt, keeps the error, schedules the retry, and
+/// kills rows that reached `max_attempts`.
+pub(crate) async fn fail(
+    pool: &PgPool,
+    failures: &Failures,
+    max_attempts: i32,
+) -> Result<Vec<RecordedFailure>, sqlx::Error> {
+    let rows = sqlx::query(
+        "UPDATE outbox.events e \
+         SET attempts     = e.attempts + 1, \
+             last_error   = f.error, \
+             lease_token  = NULL, \
+             available_at = now() + f.retry_in * interval '1 microsecond', \
+             dead_at      = CASE WHEN e.attempts + 1 >= $5 THEN now() END \
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
+              AS f(event_id, lease_token, error, retry_in) \
+         WHERE e.event_id = f.event_id AND e.lease_token = f.lease_token \
+           AND e.published_at IS NULL \
+         RETURNING e.event_id, e.dead_at IS NOT NULL",
+    )
+    .bind(&failures.event_ids)
+    .bind(&failures.tokens)
+    .bind(&failures.errors)
+    .bind(&failures.retry_in_micros)
+    .bind(max_attempts)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| Ok(RecordedFailure { event_id: row.try_get(0)?, dead: row.try_get(1)? }))
+        .collect()
+}
+
+/// Hands leased rows back without counting an attempt, available at once to any relay.
+pub(crate) async fn release(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE outbox.events e SET lease_token = NULL, available_at = now() \
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
+         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
+           AND e.published_at IS NULL AND e.dead_at IS NULL",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Pushes the lease deadline of rows this relay still holds. Returns how many were renewed.
+pub(crate) async fn renew(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+    lease_timeout: Duration,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
+         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
+           AND e.published_at IS NULL AND e.dead_at IS NULL",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .bind(micros(lease_timeout))
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+// ---------------------------------------------------------------------------------------------
+// health
+// ---------------------------------------------------------------------------------------------
+
+/// `(pending, dead, seconds since the oldest pending event was created)`.
+pub(crate) async fn stats(pool: &PgPool) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT \
+             (SELECT count(*) FROM outbox.events \
+              WHERE published_at IS NULL AND dead_at IS NULL), \
+             (SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL), \
+             (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox.events \
+              WHERE published_at IS NULL AND dead_at IS NULL)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}

@@ -1,0 +1,538 @@
+//! The relay against the real PostgreSQL: delivery, sharing, retries, dead letters, fencing,
+//! bad rows, shutdown and wake-ups.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_runtime::{
+    Backoff, BuildError, Error, EventContext, Relay, RelayBuilder, RelayCounts, UnknownEvents,
+};
+use sqlx::PgPool;
+use support::*;
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// Every delivery the handlers saw: `(event id, attempt)`.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<(Uuid, u32)>>>);
+
+impl Log {
+    fn record<S>(&self, ctx: &EventContext<S>) {
+        self.0.lock().unwrap().push((ctx.event_id(), ctx.attempt()));
+    }
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn deliveries_per_event(&self) -> HashMap<Uuid, usize> {
+        let mut counts = HashMap::new();
+        for (id, _) in self.0.lock().unwrap().iter() {
+            *counts.entry(*id).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct HandlerError(String);
+
+async fn log_placed(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
+    ctx.state().record(&ctx);
+    Ok(())
+}
+
+async fn log_cancelled(ctx: EventContext<Log>, _: OrderCancelled) -> Result<(), HandlerError> {
+    ctx.state().record(&ctx);
+    Ok(())
+}
+
+/// A relay running in the background until `stop`.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<RelayCounts, Error>>,
+}
+
+impl Running {
+    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
+        let relay = builder.build().expect("relay builds");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) -> RelayCounts {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().expect("relay stops cleanly")
+    }
+}
+
+/// Fast settings so tests do not wait on production defaults.
+fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
+    builder
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(50), jitter: false })
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_event_reaches_its_typed_handler_exactly_once(pool: PgPool) {
+    migrated(&pool).await;
+    let events: Vec<OrderPlaced> = (0..300).map(placed).collect();
+    let mut ids = emit_committed(&pool, &events).await;
+    let mut tx = pool.begin().await.unwrap();
+    let cancel = OrderCancelled { order_id: events[0].order_id, reason: "r".into() };
+    ids.push(outbox_runtime::emit(&mut tx, &cancel).await.unwrap());
+    tx.commit().await.unwrap();
+
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed).handler(log_cancelled),
+    );
+    eventually("all 301 events are published", || async { count_published(&pool).await == 301 }).await;
+    let counts = relay.stop().await;
+
+    let per_event = log.deliveries_per_event();
+    assert_eq!(per_event.len(), 301);
+    assert!(ids.iter().all(|id| per_event.get(id) == Some(&1)), "each event delivered once");
+    assert_eq!(counts.delivered, 301);
+    assert_eq!(counts.failed, 0);
+    let stats = outbox_runtime::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead, stats.oldest_pending_age), (0, 0, None));
+}
+
+#[sqlx::test(migrations = false)]
+async fn two_relays_share_one_table_without_duplicates(pool: PgPool) {
+    migrated(&pool).await;
+    let events: Vec<OrderPlaced> = (0..2000).map(placed).collect();
+    let ids = emit_committed(&pool, &events).await;
+
+    let log = Log::default();
+    let relay = |batch| {
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(log_placed)
+            .batch_size(batch)
+            .concurrency(8)
+    };
+    let (a, b) = (Running::start(relay(25)), Running::start(relay(40)));
+    eventually("all 2000 events are published", || async { count_published(&pool).await == 2000 })
+        .await;
+    let (a, b) = (a.stop().await, b.stop().await);
+
+    let per_event = log.deliveries_per_event();
+    assert_eq!(per_event.len(), 2000, "nothing missing");
+    assert!(ids.iter().all(|id| per_event[id] == 1), "no event delivered twice");
+    assert_eq!(a.delivered + b.delivered, 2000);
+    assert!(a.delivered > 0 && b.delivered > 0, "both relays took work: {a:?} {b:?}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn failures_back_off_then_succeed(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn flaky(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record(&ctx);
+        if ctx.attempt() < 3 {
+            return Err(HandlerError(format!("downstream unavailable (attempt {})", ctx.attempt())));
+        }
+        Ok(())
+    }
+    let log = Log::default();
+    let relay = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(flaky));
+    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    let counts = relay.stop().await;
+
+    assert_eq!(*log.0.lock().unwrap(), [(id, 1), (id, 2), (id, 3)]);
+    let row = row_state(&pool, id).await;
+    assert_eq!(row.attempts, 2, "attempts count the two failures, not the success");
+    assert_eq!(row.last_error.as_deref(), Some("downstream unavailable (attempt 2)"));
+    assert_eq!((counts.delivered, counts.failed), (1, 2));
+}
+
+#[sqlx::test(migrations = false)]
+async fn failed_delivery_is_scheduled_by_backoff(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn failing(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Err(HandlerError("no".into()))
+    }
+    let backoff = Backoff { base: Duration::from_secs(40), cap: Duration::from_secs(600), jitter: false };
+    let relay = Running::start(
+        Relay::builder(pool.clone()).handler(failing).backoff(backoff).poll_interval(Duration::from_millis(50)),
+    );
+    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 }).await;
+    relay.stop().await;
+
+    let retry_in: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM available_at - now())::float8 FROM outbox.events WHERE event_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((30.0..=40.0).contains(&retry_in), "next try about base (40 s) away, got {retry_in}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn exhausted_attempts_make_a_dead_letter(pool: PgPool) {
+    migrated(&pool).await;
+    let dead = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn always_fails(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record(&ctx);
+        Err(HandlerError("card declined".into()))
+    }
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(always_fails).max_attempts(3),
+    );
+    eventually("the event is dead", || async { row_state(&pool, dead).await.dead }).await;
+    // Give the relay time to (wrongly) lease it again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = relay.stop().await;
+
+    assert_eq!(log.len(), 3, "a dead event is never delivered again");
+    let row = row_state(&pool, dead).await;
+    assert_eq!((row.attempts, row.published), (3, false));
+    assert_eq!(row.last_error.as_deref(), Some("card declined"), "the last error is kept");
+    assert_eq!((counts.failed, counts.dead), (3, 1));
+    let stats = outbox_runtime::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 1));
+}
+
+#[sqlx::test(migrations = false)]
+async fn expired_lease_is_released_to_another_relay_and_the_stale_ack_is_refused(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    // Relay A's handler stalls (think: a long GC pause) until told to finish.
+    #[derive(Clone)]
+    struct Stall(Arc<Notify>, Arc<Notify>);
+    async fn stalls(ctx: EventContext<Stall>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().0.notify_one(); // started
+        ctx.state().1.notified().await; // wait for release
+        Ok(())
+    }
+    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let a = Running::start(
+        fast(Relay::builder(pool.clone())).state(Stall(started.clone(), finish.clone())).handler(stalls),
+    );
+    started.notified().await;
+    let a_token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // The lease runs out while A is stalled (A renews only every lease_timeout / 3 = 10 s).
+    sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let log = Log::default();
+    let b = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
+    eventually("relay B publishes the event", || async { row_state(&pool, id).await.published }).await;
+    let b = b.stop().await;
+    let b_token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(a_token, b_token, "B leased under a new fencing token");
+    assert_eq!(*log.0.lock().unwrap(), [(id, 2)], "B saw the expiry counted as an attempt");
+
+    // A wakes up and acknowledges with its stale token: refused.
+    finish.notify_one();
+    let a = a.stop().await;
+    assert_eq!((a.delivered, a.lost_leases), (0, 1));
+    assert_eq!(b.delivered, 1);
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.published, row.attempts), (true, 1));
+    let token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(token, b_token, "A's acknowledgement did not overwrite B's outcome");
+}
+
+#[sqlx::test(migrations = false)]
+async fn rows_of_a_relay_that_died_come_back_when_the_lease_expires(pool: PgPool) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &(0..5).map(placed).collect::<Vec<_>>()).await;
+
+    async fn hangs(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().notify_one();
+        std::future::pending().await
+    }
+    let started = Arc::new(Notify::new());
+    let doomed = Relay::builder(pool.clone())
+        .state(started.clone())
+        .handler(hangs)
+        .lease_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let doomed = tokio::spawn(doomed.run_until(std::future::pending()));
+    started.notified().await;
+    doomed.abort(); // the relay dies mid-batch: no shutdown, no acknowledgements
+    let _ = doomed.await;
+    assert!(row_state(&pool, ids[0]).await.leased);
+
+    let log = Log::default();
+    let heir = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
+    eventually("every event is published", || async { count_published(&pool).await == 5 }).await;
+    heir.stop().await;
+    assert_eq!(log.deliveries_per_event().len(), 5, "nothing lost");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_panicking_handler_is_a_failure_and_the_relay_keeps_going(pool: PgPool) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &[placed(13), placed(1), placed(2)]).await;
+
+    async fn panics_on_13(ctx: EventContext<Log>, event: OrderPlaced) -> Result<(), HandlerError> {
+        if event.total_cents == 13 && ctx.attempt() == 1 {
+            panic!("unlucky number {}", event.total_cents);
+        }
+        ctx.state().record(&ctx);
+        Ok(())
+    }
+    let log = Log::default();
+    let relay = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(panics_on_13));
+    eventually("all events are published", || async { count_published(&pool).await == 3 }).await;
+    let counts = relay.stop().await;
+
+    let row = row_state(&pool, ids[0]).await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.last_error.as_deref(), Some("handler panicked: unlucky number 13"));
+    assert_eq!((counts.delivered, counts.failed), (3, 1));
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_undecodable_payload_is_a_failure_naming_the_type(pool: PgPool) {
+    migrated(&pool).await;
+    // A row written by an older version of the producer, or by hand.
+    let bad: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{\"order_id\": \"not-a-uuid\"}') \
+         RETURNING event_id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let good = emit_committed(&pool, &[placed(1)]).await[0];
+
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed).max_attempts(2),
+    );
+    eventually("the bad row is dead", || async { row_state(&pool, bad).await.dead }).await;
+    eventually("the good row is published", || async { row_state(&pool, good).await.published })
+        .await;
+    relay.stop().await;
+
+    let error = row_state(&pool, bad).await.last_error.unwrap();
+    assert!(error.contains("payload does not deserialize into `"), "{error}");
+    assert!(error.contains("OrderPlaced`"), "{error}");
+    assert!(error.contains("invalid"), "the serde error is included: {error}");
+    assert_eq!(log.deliveries_per_event().keys().collect::<Vec<_>>(), [&good]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn unknown_event_types_stay_pending_by_default(pool: PgPool) {
+    migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let renamed = CustomerRenamed { customer_id: 9, name: "Ada".into() };
+    let unknown = outbox_runtime::emit(&mut tx, &renamed).await.unwrap();
+    tx.commit().await.unwrap();
+    let known = emit_committed(&pool, &[placed(1)]).await[0];
+
+    let relay = Running::start(fast(Relay::builder(pool.clone())).state(Log::default()).handler(log_placed));
+    eventually("the known event is published", || async { row_state(&pool, known).await.published })
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    relay.stop().await;
+
+    let row = row_state(&pool, unknown).await;
+    assert_eq!((row.published, row.leased, row.attempts, row.dead), (false, false, 0, false));
+    assert_eq!(outbox_runtime::stats(&pool).await.unwrap().pending, 1, "it shows as pending");
+}
+
+#[sqlx::test(migrations = false)]
+async fn unknown_event_types_fail_when_asked_to(pool: PgPool) {
+    migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let renamed = CustomerRenamed { customer_id: 9, name: "Ada".into() };
+    let unknown = outbox_runtime::emit(&mut tx, &renamed).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(Log::default())
+            .handler(log_placed)
+            .unknown_events(UnknownEvents::Fail)
+            .max_attempts(1),
+    );
+    eventually("the unknown event is dead", || async { row_state(&pool, unknown).await.dead }).await;
+    relay.stop().await;
+    let error = row_state(&pool, unknown).await.last_error.unwrap();
+    assert_eq!(
+        error,
+        "no handler registered for aggregate `customer`, event type `customer.renamed`"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn shutdown_hands_leased_rows_back(pool: PgPool) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &(0..5).map(placed).collect::<Vec<_>>()).await;
+
+    async fn hangs(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().notify_one();
+        std::future::pending().await
+    }
+    let started = Arc::new(Notify::new());
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(started.clone())
+            .handler(hangs)
+            .concurrency(1)
+            .batch_size(10)
+            .shutdown_timeout(Duration::from_millis(200)),
+    );
+    started.notified().await;
+    assert!(row_state(&pool, ids[4]).await.leased, "the whole batch was leased");
+    let counts = relay.stop().await;
+
+    assert_eq!(counts.released, 5, "4 never started, 1 cancelled at the shutdown timeout");
+    for id in &ids {
+        let row = row_state(&pool, *id).await;
+        assert!(!row.leased && row.available_now && !row.published, "{id} is free again");
+        assert_eq!(row.attempts, 0, "handing back is not a failed attempt");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn shutdown_waits_for_running_handlers(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn slow(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().notify_one();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(())
+    }
+    let started = Arc::new(Notify::new());
+    let relay = Running::start(fast(Relay::builder(pool.clone())).state(started.clone()).handler(slow));
+    started.notified().await;
+    let counts = relay.stop().await;
+    assert_eq!(counts.delivered, 1);
+    assert!(row_state(&pool, id).await.published);
+}
+
+#[sqlx::test(migrations = false)]
+async fn notify_wakes_an_idle_relay_before_the_poll_interval(pool: PgPool) {
+    migrated(&pool).await;
+    let log = Log::default();
+    let relay = Running::start(
+        Relay::builder(pool.clone()).state(log.clone()).handler(log_placed).poll_interval(Duration::from_secs(3600)),
+    );
+    // Let the relay find the table empty and go to sleep on the poll interval.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    eventually("the event is delivered", || async { log.len() == 1 }).await;
+    relay.stop().await;
+    assert_eq!(log.0.lock().unwrap()[0].0, id);
+}
+
+#[sqlx::test(migrations = false)]
+async fn headers_and_context_reach_the_handler(pool: PgPool) {
+    migrated(&pool).await;
+    let event = placed(5);
+    let mut tx = pool.begin().await.unwrap();
+    let options = outbox_runtime::EmitOptions::new().header("request_id", "req-9");
+    let id = outbox_runtime::emit_with(&mut tx, &event, options).await.unwrap();
+    tx.commit().await.unwrap();
+
+    type Seen = Arc<Mutex<Option<(Uuid, String, Option<String>, OrderPlaced)>>>;
+    let seen: Seen = Arc::default();
+    let relay = Running::start(fast(Relay::builder(pool.clone())).state(seen.clone()).handler(
+        |ctx: EventContext<Seen>, event: OrderPlaced| async move {
+            let header = ctx.header("request_id").map(str::to_owned);
+            *ctx.state().lock().unwrap() =
+                Some((ctx.event_id(), ctx.aggregate_id().to_owned(), header, event));
+            Ok::<_, HandlerError>(())
+        },
+    ));
+    eventually("the closure handler ran", || async { seen.lock().unwrap().is_some() }).await;
+    relay.stop().await;
+    let (event_id, aggregate_id, header, got) = seen.lock().unwrap().take().unwrap();
+    assert_eq!(event_id, id);
+    assert_eq!(aggregate_id, event.order_id.to_string());
+    assert_eq!(header.as_deref(), Some("req-9"));
+    assert_eq!(got, event);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_schema_stops_the_relay_with_a_clear_error(pool: PgPool) {
+    let relay = Relay::builder(pool).state(Log::default()).handler(log_placed).build().unwrap();
+    let err = relay.run_until(std::future::pending()).await.unwrap_err();
+    assert!(matches!(err, Error::SchemaMissing), "{err:?}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn build_refuses_conflicting_or_empty_relays(pool: PgPool) {
+    async fn other_placed(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn placed_again(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    let err = Relay::builder(pool.clone()).handler(other_placed).handler(placed_again).build().err();
+    assert!(
+        matches!(
+            err,
+            Some(BuildError::DuplicateHandler { aggregate_type: "order", event_type: "order.placed", .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(Relay::builder(pool.clone()).build().err(), Some(BuildError::NoHandlers));
+    let err = Relay::builder(pool).handler(other_placed).concurrency(0).build().err();
+    assert!(matches!(err, Some(BuildError::InvalidSetting(_))));
+}
+
+#[sqlx::test(migrations = false)]
+async fn stats_report_pending_dead_and_lag(pool: PgPool) {
+    migrated(&pool).await;
+    let stats = outbox_runtime::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead, stats.oldest_pending_age), (0, 0, None));
+
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{}', now() - interval '5 minutes'), \
+                (gen_random_uuid(), 'order', '2', 'order.placed', '{}', now() - interval '1 minute')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, dead_at, created_at) \
+         VALUES (gen_random_uuid(), 'order', '3', 'order.placed', '{}', now(), now() - interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let stats = outbox_runtime::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (2, 1));
+    let lag = stats.oldest_pending_age.unwrap().as_secs();
+    assert!((299..=310).contains(&lag), "the oldest pending event is 5 minutes old: {lag}");
+}

@@ -1,0 +1,94 @@
+//! Events and helpers shared by the integration tests.
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::future::Future;
+use std::time::Duration;
+
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+pub struct OrderPlaced {
+    #[outbox(id)]
+    pub order_id: Uuid,
+    pub total_cents: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.cancelled")]
+pub struct OrderCancelled {
+    #[outbox(id)]
+    pub order_id: Uuid,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "customer", event_type = "customer.renamed")]
+pub struct CustomerRenamed {
+    #[outbox(id)]
+    pub customer_id: i64,
+    pub name: String,
+}
+
+pub fn placed(n: i64) -> OrderPlaced {
+    OrderPlaced { order_id: Uuid::now_v7(), total_cents: n }
+}
+
+/// Applies the outbox schema to a test database.
+pub async fn migrated(pool: &PgPool) {
+    outbox_runtime::migrate(pool).await.expect("outbox migrations apply");
+}
+
+/// Emits `events` in one committed transaction; returns their ids.
+pub async fn emit_committed(pool: &PgPool, events: &[OrderPlaced]) -> Vec<Uuid> {
+    let mut tx = pool.begin().await.unwrap();
+    let ids = outbox_runtime::emit_all(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    ids
+}
+
+/// Polls `check` until it returns true; panics after 30 s so a hung relay fails the test.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `(published, dead, attempts, last_error, lease_token)` view of one row.
+#[derive(Debug, sqlx::FromRow)]
+pub struct RowState {
+    pub published: bool,
+    pub dead: bool,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub leased: bool,
+    pub available_now: bool,
+}
+
+pub async fn row_state(pool: &PgPool, event_id: Uuid) -> RowState {
+    sqlx::query_as(
+        "SELECT published_at IS NOT NULL AS published, dead_at IS NOT NULL AS dead, attempts, \
+                last_error, lease_token IS NOT NULL AS leased, available_at <= now() AS available_now \
+         FROM outbox.events WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+pub async fn count_published(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
