@@ -1,0 +1,18 @@
+//! Attribute key names, in one place.
+
+/// The attribute every key lives under: `#[outbox(...)]`.
+pub const OUTBOX: &str = "outbox";
+
+/// Container key: the aggregate type.
+pub const AGGREGATE: &str = "aggregate";
+/// Container key: the event type.
+pub const EVENT_TYPE: &str = "event_type";
+/// Container key: the path of the runtime crate.
+pub const CRATE: &str = "crate";
+/// Field key: marks the aggregate id field.
+pub const ID: &str = "id";
+
+/// Keys accepted in `#[outbox(...)]` on the struct.
+pub const CONTAINER_KEYS: &[&str] = &[AGGREGATE, EVENT_TYPE, CRATE];
+/// Keys accepted in `#[outbox(...)]` on a field.
+pub const FIELD_KEYS: &[&str] = &[ID];
