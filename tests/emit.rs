@@ -123,7 +123,8 @@ async fn headers_and_delay_are_stored(pool: PgPool) {
     .await
     .unwrap();
     let at: DateTime<Utc> = "2031-01-02T03:04:05.678901Z".parse().unwrap();
-    let scheduled = emit_with(&mut tx, &placed(2), EmitOptions::new().available_at(at)).await.unwrap();
+    let scheduled =
+        emit_with(&mut tx, &placed(2), EmitOptions::new().available_at(at)).await.unwrap();
     tx.commit().await.unwrap();
 
     let (headers, wait): (serde_json::Value, f64) = sqlx::query_as(
@@ -187,7 +188,10 @@ async fn unstorable_payloads_are_typed_errors_and_write_nothing(pool: PgPool) {
 
     let tuple_keys = GridUpdated { grid: 1, cells: BTreeMap::from([((0, 0), 5)]) };
     let err = emit(&mut tx, &tuple_keys).await.unwrap_err();
-    assert!(matches!(err, Error::InvalidEvent { reason: InvalidEvent::Serialize(_), .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::InvalidEvent { reason: InvalidEvent::Serialize(_), .. }),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("grid.updated"), "{err}");
 
     let nul_id = SensorRead { sensor: "s\0".into(), value: 1.0, by_pair: BTreeMap::new() };
@@ -260,4 +264,3 @@ async fn emit_without_the_schema_is_a_database_error(pool: PgPool) {
     let err = emit(&mut tx, &placed(1)).await.unwrap_err();
     assert!(matches!(err, Error::Database(_)), "{err:?}");
 }
-

@@ -74,9 +74,11 @@ impl Running {
 
 /// Fast settings so tests do not wait on production defaults.
 fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
-    builder
-        .poll_interval(Duration::from_millis(50))
-        .backoff(Backoff { base: Duration::from_millis(10), cap: Duration::from_millis(50), jitter: false })
+    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+        jitter: false,
+    })
 }
 
 #[sqlx::test(migrations = false)]
@@ -91,9 +93,13 @@ async fn every_event_reaches_its_typed_handler_exactly_once(pool: PgPool) {
 
     let log = Log::default();
     let relay = Running::start(
-        fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed).handler(log_cancelled),
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(log_placed)
+            .handler(log_cancelled),
     );
-    eventually("all 301 events are published", || async { count_published(&pool).await == 301 }).await;
+    eventually("all 301 events are published", || async { count_published(&pool).await == 301 })
+        .await;
     let counts = relay.stop().await;
 
     let per_event = log.deliveries_per_event();
@@ -139,12 +145,16 @@ async fn failures_back_off_then_succeed(pool: PgPool) {
     async fn flaky(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
         ctx.state().record(&ctx);
         if ctx.attempt() < 3 {
-            return Err(HandlerError(format!("downstream unavailable (attempt {})", ctx.attempt())));
+            return Err(HandlerError(format!(
+                "downstream unavailable (attempt {})",
+                ctx.attempt()
+            )));
         }
         Ok(())
     }
     let log = Log::default();
-    let relay = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(flaky));
+    let relay =
+        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(flaky));
     eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
     let counts = relay.stop().await;
 
@@ -163,11 +173,16 @@ async fn failed_delivery_is_scheduled_by_backoff(pool: PgPool) {
     async fn failing(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
         Err(HandlerError("no".into()))
     }
-    let backoff = Backoff { base: Duration::from_secs(40), cap: Duration::from_secs(600), jitter: false };
+    let backoff =
+        Backoff { base: Duration::from_secs(40), cap: Duration::from_secs(600), jitter: false };
     let relay = Running::start(
-        Relay::builder(pool.clone()).handler(failing).backoff(backoff).poll_interval(Duration::from_millis(50)),
+        Relay::builder(pool.clone())
+            .handler(failing)
+            .backoff(backoff)
+            .poll_interval(Duration::from_millis(50)),
     );
-    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 }).await;
+    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
+        .await;
     relay.stop().await;
 
     let retry_in: f64 = sqlx::query_scalar(
@@ -222,14 +237,17 @@ async fn expired_lease_is_released_to_another_relay_and_the_stale_ack_is_refused
     }
     let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let a = Running::start(
-        fast(Relay::builder(pool.clone())).state(Stall(started.clone(), finish.clone())).handler(stalls),
+        fast(Relay::builder(pool.clone()))
+            .state(Stall(started.clone(), finish.clone()))
+            .handler(stalls),
     );
     started.notified().await;
-    let a_token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let a_token: Uuid =
+        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
 
     // The lease runs out while A is stalled (A renews only every lease_timeout / 3 = 10 s).
     sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
@@ -238,14 +256,17 @@ async fn expired_lease_is_released_to_another_relay_and_the_stale_ack_is_refused
         .await
         .unwrap();
     let log = Log::default();
-    let b = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
-    eventually("relay B publishes the event", || async { row_state(&pool, id).await.published }).await;
+    let b =
+        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
+    eventually("relay B publishes the event", || async { row_state(&pool, id).await.published })
+        .await;
     let b = b.stop().await;
-    let b_token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let b_token: Uuid =
+        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_ne!(a_token, b_token, "B leased under a new fencing token");
     assert_eq!(*log.0.lock().unwrap(), [(id, 2)], "B saw the expiry counted as an attempt");
 
@@ -256,11 +277,12 @@ async fn expired_lease_is_released_to_another_relay_and_the_stale_ack_is_refused
     assert_eq!(b.delivered, 1);
     let row = row_state(&pool, id).await;
     assert_eq!((row.published, row.attempts), (true, 1));
-    let token: Uuid = sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let token: Uuid =
+        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(token, b_token, "A's acknowledgement did not overwrite B's outcome");
 }
 
@@ -287,7 +309,8 @@ async fn rows_of_a_relay_that_died_come_back_when_the_lease_expires(pool: PgPool
     assert!(row_state(&pool, ids[0]).await.leased);
 
     let log = Log::default();
-    let heir = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
+    let heir =
+        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
     eventually("every event is published", || async { count_published(&pool).await == 5 }).await;
     heir.stop().await;
     assert_eq!(log.deliveries_per_event().len(), 5, "nothing lost");
@@ -306,7 +329,8 @@ async fn a_panicking_handler_is_a_failure_and_the_relay_keeps_going(pool: PgPool
         Ok(())
     }
     let log = Log::default();
-    let relay = Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(panics_on_13));
+    let relay =
+        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(panics_on_13));
     eventually("all events are published", || async { count_published(&pool).await == 3 }).await;
     let counts = relay.stop().await;
 
@@ -355,9 +379,13 @@ async fn unknown_event_types_stay_pending_by_default(pool: PgPool) {
     tx.commit().await.unwrap();
     let known = emit_committed(&pool, &[placed(1)]).await[0];
 
-    let relay = Running::start(fast(Relay::builder(pool.clone())).state(Log::default()).handler(log_placed));
-    eventually("the known event is published", || async { row_state(&pool, known).await.published })
-        .await;
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(Log::default()).handler(log_placed),
+    );
+    eventually("the known event is published", || async {
+        row_state(&pool, known).await.published
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     relay.stop().await;
 
@@ -381,7 +409,8 @@ async fn unknown_event_types_fail_when_asked_to(pool: PgPool) {
             .unknown_events(UnknownEvents::Fail)
             .max_attempts(1),
     );
-    eventually("the unknown event is dead", || async { row_state(&pool, unknown).await.dead }).await;
+    eventually("the unknown event is dead", || async { row_state(&pool, unknown).await.dead })
+        .await;
     relay.stop().await;
     let error = row_state(&pool, unknown).await.last_error.unwrap();
     assert_eq!(
@@ -431,7 +460,8 @@ async fn shutdown_waits_for_running_handlers(pool: PgPool) {
         Ok(())
     }
     let started = Arc::new(Notify::new());
-    let relay = Running::start(fast(Relay::builder(pool.clone())).state(started.clone()).handler(slow));
+    let relay =
+        Running::start(fast(Relay::builder(pool.clone())).state(started.clone()).handler(slow));
     started.notified().await;
     let counts = relay.stop().await;
     assert_eq!(counts.delivered, 1);
@@ -443,7 +473,10 @@ async fn notify_wakes_an_idle_relay_before_the_poll_interval(pool: PgPool) {
     migrated(&pool).await;
     let log = Log::default();
     let relay = Running::start(
-        Relay::builder(pool.clone()).state(log.clone()).handler(log_placed).poll_interval(Duration::from_secs(3600)),
+        Relay::builder(pool.clone())
+            .state(log.clone())
+            .handler(log_placed)
+            .poll_interval(Duration::from_secs(3600)),
     );
     // Let the relay find the table empty and go to sleep on the poll interval.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -497,11 +530,16 @@ async fn build_refuses_conflicting_or_empty_relays(pool: PgPool) {
     async fn placed_again(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
         Ok(())
     }
-    let err = Relay::builder(pool.clone()).handler(other_placed).handler(placed_again).build().err();
+    let err =
+        Relay::builder(pool.clone()).handler(other_placed).handler(placed_again).build().err();
     assert!(
         matches!(
             err,
-            Some(BuildError::DuplicateHandler { aggregate_type: "order", event_type: "order.placed", .. })
+            Some(BuildError::DuplicateHandler {
+                aggregate_type: "order",
+                event_type: "order.placed",
+                ..
+            })
         ),
         "{err:?}"
     );

@@ -57,11 +57,6 @@ impl<'a> Input<'a> {
             SynData::Enum(data) => Data::Enum(&data.enum_token),
             SynData::Union(data) => Data::Union(&data.union_token),
         };
-        Input {
-            ident: &input.ident,
-            generics: &input.generics,
-            attrs,
-            data,
-        }
+        Input { ident: &input.ident, generics: &input.generics, attrs, data }
     }
 }

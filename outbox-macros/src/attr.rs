@@ -168,10 +168,7 @@ fn unknown_key_message(what: &str, name: &str, expected: &[&str]) -> String {
         [only] => format!("unknown {what} `{name}`, expected `{only}`"),
         _ => {
             let list: Vec<String> = expected.iter().map(|key| format!("`{key}`")).collect();
-            format!(
-                "unknown {what} `{name}`, expected one of {}",
-                list.join(", ")
-            )
+            format!("unknown {what} `{name}`, expected one of {}", list.join(", "))
         }
     }
 }
@@ -190,10 +187,7 @@ pub fn suggest<'a>(name: &str, expected: &[&'a str]) -> Option<&'a str> {
 fn string_value(cx: &Ctxt, meta: &ParseNestedMeta, key: &str) -> syn::Result<Option<LitStr>> {
     let input = meta.input;
     if at_end(input) {
-        cx.error_spanned_by(
-            &meta.path,
-            format_args!("`{key}` needs a value: `{key} = \"...\"`"),
-        );
+        cx.error_spanned_by(&meta.path, format_args!("`{key}` needs a value: `{key} = \"...\"`"));
         return Ok(None);
     }
     if !input.peek(Token![=]) {
@@ -223,10 +217,7 @@ fn string_value(cx: &Ctxt, meta: &ParseNestedMeta, key: &str) -> syn::Result<Opt
 /// Parses the value of `crate = "..."` as a module path, spanned at the literal.
 fn crate_path(cx: &Ctxt, lit: &LitStr) -> Option<syn::Path> {
     if lit.value().trim().is_empty() {
-        cx.error_spanned_by(
-            lit,
-            "`crate` cannot be empty: give the path of `outbox_runtime`",
-        );
+        cx.error_spanned_by(lit, "`crate` cannot be empty: give the path of `outbox_runtime`");
         return None;
     }
     match lit.parse_with(syn::Path::parse_mod_style) {
@@ -275,11 +266,7 @@ fn path_to_string(path: &syn::Path) -> String {
     if path.leading_colon.is_some() {
         out.push_str("::");
     }
-    let segments: Vec<String> = path
-        .segments
-        .iter()
-        .map(|seg| seg.ident.to_string())
-        .collect();
+    let segments: Vec<String> = path.segments.iter().map(|seg| seg.ident.to_string()).collect();
     out.push_str(&segments.join("::"));
     out
 }

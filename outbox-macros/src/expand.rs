@@ -7,14 +7,7 @@ use syn::{GenericParam, Generics, Type, WherePredicate};
 use crate::valid::Event;
 
 pub fn expand(event: &Event) -> TokenStream {
-    let Event {
-        ident,
-        generics,
-        aggregate,
-        event_type,
-        id,
-        krate,
-    } = event;
+    let Event { ident, generics, aggregate, event_type, id, krate } = event;
     let krate = runtime_path(*krate);
     let (impl_generics, ty_generics, _) = generics.split_for_impl();
     let user_bounds = user_bounds(generics);
@@ -60,10 +53,7 @@ pub fn runtime_path(krate: Option<&syn::Path>) -> TokenStream {
 
 /// The where-clause predicates the user wrote on the struct.
 pub fn user_bounds(generics: &Generics) -> impl Iterator<Item = &WherePredicate> {
-    generics
-        .where_clause
-        .iter()
-        .flat_map(|clause| clause.predicates.iter())
+    generics.where_clause.iter().flat_map(|clause| clause.predicates.iter())
 }
 
 /// `Ty: ::core::fmt::Display`, spanned so that rustc underlines the whole field type: the bound's

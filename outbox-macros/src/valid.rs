@@ -74,9 +74,7 @@ pub fn check<'a>(cx: &Ctxt, input: &'a Input<'a>) -> Option<Event<'a>> {
 
 /// The one `#[outbox(id)]` field; extra ones are reported at their `id` key.
 fn id_field<'a>(cx: &Ctxt, ident: &Ident, fields: &'a [Field<'a>]) -> Option<&'a Field<'a>> {
-    let mut marked = fields
-        .iter()
-        .filter_map(|field| Some((field, field.attrs.id.as_ref()?)));
+    let mut marked = fields.iter().filter_map(|field| Some((field, field.attrs.id.as_ref()?)));
     let first = marked.next().map(|(field, _)| field);
     if let Some(first) = first {
         for (_, key) in marked {
@@ -154,22 +152,14 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
         return Err(format!("{what} cannot be empty: {RULE}"));
     };
     if let Some(bad) = name.chars().find(|c| !is_name_char(*c)) {
-        return Err(format!(
-            "invalid character {} in {what} {name:?}: {RULE}",
-            show_char(bad)
-        ));
+        return Err(format!("invalid character {} in {what} {name:?}: {RULE}", show_char(bad)));
     }
     if !first.is_ascii_lowercase() {
-        return Err(format!(
-            "{what} {name:?} starts with {}: {RULE}",
-            show_char(first)
-        ));
+        return Err(format!("{what} {name:?} starts with {}: {RULE}", show_char(first)));
     }
     let len = name.chars().count();
     if len > MAX_NAME_LEN {
-        return Err(format!(
-            "{what} is {len} characters long, the maximum is {MAX_NAME_LEN}"
-        ));
+        return Err(format!("{what} is {len} characters long, the maximum is {MAX_NAME_LEN}"));
     }
     Ok(())
 }
@@ -193,13 +183,7 @@ mod tests {
 
     #[test]
     fn accepts_valid_names() {
-        for name in [
-            "a",
-            "order",
-            "order.placed",
-            "order.placed-v2_x",
-            "billing-v2.invoice_paid",
-        ] {
+        for name in ["a", "order", "order.placed", "order.placed-v2_x", "billing-v2.invoice_paid"] {
             assert_eq!(check_name("event type", name), Ok(()), "{name}");
         }
         let longest = "a".repeat(MAX_NAME_LEN);
@@ -208,9 +192,7 @@ mod tests {
 
     #[test]
     fn rejects_empty() {
-        assert!(check_name("aggregate", "")
-            .unwrap_err()
-            .starts_with("aggregate cannot be empty"));
+        assert!(check_name("aggregate", "").unwrap_err().starts_with("aggregate cannot be empty"));
     }
 
     #[test]
@@ -219,18 +201,10 @@ mod tests {
             check_name("event type", "Order.placed").unwrap_err(),
             "invalid character `O` in event type \"Order.placed\": use lowercase letters, digits, `_`, `.` and `-`, starting with a letter"
         );
-        assert!(check_name("aggregate", "order placed")
-            .unwrap_err()
-            .contains("` ` (a space)"));
-        assert!(check_name("aggregate", "order/x")
-            .unwrap_err()
-            .contains("`/`"));
-        assert!(check_name("aggregate", "ordér")
-            .unwrap_err()
-            .contains("`é`"));
-        assert!(check_name("aggregate", "a\tb")
-            .unwrap_err()
-            .contains("`\\t`"));
+        assert!(check_name("aggregate", "order placed").unwrap_err().contains("` ` (a space)"));
+        assert!(check_name("aggregate", "order/x").unwrap_err().contains("`/`"));
+        assert!(check_name("aggregate", "ordér").unwrap_err().contains("`é`"));
+        assert!(check_name("aggregate", "a\tb").unwrap_err().contains("`\\t`"));
     }
 
     #[test]

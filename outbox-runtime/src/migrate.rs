@@ -1,7 +1,8 @@
 //! Applying the outbox schema with sqlx's migrator.
 
 use sqlx::migrate::Migrator;
-use sqlx::{Connection, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 
 use crate::error::Error;
 
@@ -23,18 +24,19 @@ static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
-    // A connection of its own: the search path set here must not leak back into the pool.
-    let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
     // CREATE SCHEMA IF NOT EXISTS can still race with itself, hence the lock.
-    let mut tx = conn.begin().await?;
+    let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_runtime.migrate'))")
         .execute(&mut *tx)
         .await?;
     sqlx::query("CREATE SCHEMA IF NOT EXISTS outbox").execute(&mut *tx).await?;
     tx.commit().await?;
-    // The migrator keeps its history table in the first schema of the search path.
-    sqlx::query("SET search_path TO outbox").execute(&mut conn).await?;
-    MIGRATOR.run(&mut conn).await?;
-    conn.close().await?;
-    Ok(())
+
+    // The migrator keeps its history in the first schema of the search path; a pool of its
+    // own keeps that setting out of the caller's pool.
+    let options = (*pool.connect_options()).clone().options([("search_path", "outbox")]);
+    let outbox_pool = PgPoolOptions::new().max_connections(1).connect_with(options).await?;
+    let migrated = MIGRATOR.run(&outbox_pool).await;
+    outbox_pool.close().await;
+    Ok(migrated?)
 }
