@@ -18,8 +18,9 @@ static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 /// nor disturb it, so call both at start-up, in either order.
 ///
 /// ```no_run
-/// # async fn start(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// sqlx::migrate!().run(&pool).await?; // your migrations, as before
+/// # use sqlx::migrate::Migrator;
+/// # async fn start(pool: sqlx::PgPool, app: Migrator) -> Result<(), Box<dyn std::error::Error>> {
+/// app.run(&pool).await?; // your own `sqlx::migrate!()`, as before
 /// outbox_runtime::migrate(&pool).await?; // the outbox's
 /// # Ok(()) }
 /// ```
