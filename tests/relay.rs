@@ -574,3 +574,29 @@ async fn stats_report_pending_dead_and_lag(pool: PgPool) {
     let lag = stats.oldest_pending_age.unwrap().as_secs();
     assert!((299..=310).contains(&lag), "the oldest pending event is 5 minutes old: {lag}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn handlers_registered_before_the_state_keep_working(pool: PgPool) {
+    migrated(&pool).await;
+    let placed_id = emit_committed(&pool, &[placed(1)]).await[0];
+    let mut tx = pool.begin().await.unwrap();
+    let cancel = OrderCancelled { order_id: Uuid::now_v7(), reason: "r".into() };
+    let cancelled_id = outbox_runtime::emit(&mut tx, &cancel).await.unwrap();
+    tx.commit().await.unwrap();
+
+    async fn stateless(ctx: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        assert_eq!(ctx.attempt(), 1);
+        Ok(())
+    }
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .handler(stateless)
+            .state(log.clone())
+            .handler(log_cancelled),
+    );
+    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
+    relay.stop().await;
+    assert!(row_state(&pool, placed_id).await.published);
+    assert_eq!(log.deliveries_per_event().keys().collect::<Vec<_>>(), [&cancelled_id]);
+}

@@ -276,25 +276,25 @@ pub(crate) async fn release(
     Ok(done.rows_affected())
 }
 
-/// Pushes the lease deadline of rows this relay still holds. Returns how many were renewed.
+/// Pushes the lease deadline of rows this relay still holds. Returns the renewed ids.
 pub(crate) async fn renew(
     pool: &PgPool,
     ids: &[Uuid],
     tokens: &[Uuid],
     lease_timeout: Duration,
-) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
         "UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
          WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
-           AND e.published_at IS NULL AND e.dead_at IS NULL",
+           AND e.published_at IS NULL AND e.dead_at IS NULL \
+         RETURNING e.event_id",
     )
     .bind(ids)
     .bind(tokens)
     .bind(micros(lease_timeout))
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected())
+    .fetch_all(pool)
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------

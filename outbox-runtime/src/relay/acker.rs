@@ -1,6 +1,6 @@
 //! Acknowledgements: outcomes of deliveries, applied in batches with one statement per kind.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,6 +57,10 @@ impl Held {
         self.lock().iter().map(|(id, token)| (*id, *token)).unzip()
     }
 
+    fn count_where(&self, predicate: impl Fn(&Uuid) -> bool) -> usize {
+        self.lock().keys().filter(|id| predicate(id)).count()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Uuid>> {
         // The map stays consistent even if a holder panicked: every operation is one call.
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -69,6 +73,9 @@ pub(crate) struct Acker {
     pub(crate) metrics: RelayMetrics,
     pub(crate) backoff: Backoff,
     pub(crate) max_attempts: i32,
+    /// How long to keep retrying a failed acknowledgement: after that the leases have expired
+    /// and the rows are delivered again anyway.
+    pub(crate) lease_timeout: Duration,
 }
 
 impl Acker {
@@ -108,9 +115,10 @@ impl Acker {
 
         if !published.ids.is_empty() {
             let pool = &self.pool;
-            if let Some(done) =
-                retrying("publish", || store::publish(pool, &published.ids, &published.tokens))
-                    .await
+            if let Some(done) = retrying("publish", self.lease_timeout, || {
+                store::publish(pool, &published.ids, &published.tokens)
+            })
+            .await
             {
                 self.metrics.add_delivered(done.len());
                 self.count_lost(published.ids.len() - done.len(), "published");
@@ -118,8 +126,10 @@ impl Acker {
         }
         if !failures.event_ids.is_empty() {
             let (pool, max) = (&self.pool, self.max_attempts);
-            if let Some(done) =
-                retrying("record failures", || store::fail(pool, &failures, max)).await
+            if let Some(done) = retrying("record failures", self.lease_timeout, || {
+                store::fail(pool, &failures, max)
+            })
+            .await
             {
                 self.metrics.add_failed(done.len());
                 let dead: Vec<Uuid> = done.iter().filter(|f| f.dead).map(|f| f.event_id).collect();
@@ -135,8 +145,10 @@ impl Acker {
         }
         if !released.ids.is_empty() {
             let pool = &self.pool;
-            if let Some(done) =
-                retrying("release", || store::release(pool, &released.ids, &released.tokens)).await
+            if let Some(done) = retrying("release", self.lease_timeout, || {
+                store::release(pool, &released.ids, &released.tokens)
+            })
+            .await
             {
                 self.metrics.add_released(done as usize);
             }
@@ -167,11 +179,17 @@ pub(crate) async fn renew_leases(pool: PgPool, held: Held, lease_timeout: Durati
             continue;
         }
         match store::renew(&pool, &ids, &tokens, lease_timeout).await {
-            Ok(renewed) if renewed < ids.len() as u64 => tracing::warn!(
-                lost = ids.len() as u64 - renewed,
-                "outbox leases lost before renewal: another relay may deliver those rows too"
-            ),
-            Ok(_) => {}
+            Ok(renewed) => {
+                // Rows acknowledged since the snapshot are not renewed, and not lost either.
+                let renewed: HashSet<Uuid> = renewed.into_iter().collect();
+                let lost = held.count_where(|id| !renewed.contains(id));
+                if lost > 0 {
+                    tracing::warn!(
+                        lost,
+                        "outbox leases expired before renewal: another relay may deliver those rows too"
+                    );
+                }
+            }
             Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
         }
     }
@@ -190,24 +208,27 @@ impl Columns {
     }
 }
 
-/// Runs an acknowledgement statement, retrying database errors a few times. Giving up loses
-/// no event: the rows' leases expire and they are delivered again.
-async fn retrying<T, F, Fut>(what: &str, mut statement: F) -> Option<T>
+/// Runs an acknowledgement statement, retrying database errors for up to `patience`. Giving up
+/// loses no event: the rows' leases expire and they are delivered again.
+async fn retrying<T, F, Fut>(what: &str, patience: Duration, mut statement: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
+    let started = tokio::time::Instant::now();
     let mut delay = Duration::from_millis(50);
-    for attempt in 1..=5 {
+    loop {
         match statement().await {
             Ok(done) => return Some(done),
-            Err(error) => {
-                tracing::warn!(%error, attempt, "outbox acknowledgement ({what}) failed; retrying");
+            Err(error) if started.elapsed() + delay < patience => {
+                tracing::warn!(%error, retry_in = ?delay, "outbox acknowledgement ({what}) failed");
                 tokio::time::sleep(delay).await;
-                delay *= 2;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(error) => {
+                tracing::error!(%error, "outbox acknowledgement ({what}) failed; the rows will be redelivered");
+                return None;
             }
         }
     }
-    tracing::error!("outbox acknowledgement ({what}) failed 5 times; the rows will be redelivered");
-    None
 }

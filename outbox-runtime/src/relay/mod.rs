@@ -96,6 +96,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 metrics: self.metrics.clone(),
                 backoff: self.config.backoff,
                 max_attempts: self.config.max_attempts as i32,
+                lease_timeout: self.config.lease_timeout,
             }
             .run(acks_rx),
         ));
