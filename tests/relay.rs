@@ -222,68 +222,85 @@ async fn exhausted_attempts_make_a_dead_letter(pool: PgPool) {
     assert_eq!((stats.pending, stats.dead), (0, 1));
 }
 
+/// A handler that reports it started, then waits to be told how to finish.
+#[derive(Clone)]
+struct Stall {
+    started: Arc<Notify>,
+    finish: Arc<Notify>,
+    log: Log,
+    fail: bool,
+}
+
+impl Stall {
+    fn new(fail: bool) -> Self {
+        Stall { started: Arc::default(), finish: Arc::default(), log: Log::default(), fail }
+    }
+}
+
+async fn stalls(ctx: EventContext<Stall>, _: OrderPlaced) -> Result<(), HandlerError> {
+    let stall = ctx.state();
+    stall.log.record(&ctx);
+    stall.started.notify_one();
+    stall.finish.notified().await;
+    if stall.fail {
+        return Err(HandlerError("stale failure".into()));
+    }
+    Ok(())
+}
+
+async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
+    sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[sqlx::test(migrations = false)]
-async fn expired_lease_is_released_to_another_relay_and_the_stale_ack_is_refused(pool: PgPool) {
+async fn an_expired_lease_is_re_leased_and_the_stale_acknowledgement_refused(pool: PgPool) {
     migrated(&pool).await;
     let id = emit_committed(&pool, &[placed(1)]).await[0];
 
-    // Relay A's handler stalls (think: a long GC pause) until told to finish.
-    #[derive(Clone)]
-    struct Stall(Arc<Notify>, Arc<Notify>);
-    async fn stalls(ctx: EventContext<Stall>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().0.notify_one(); // started
-        ctx.state().1.notified().await; // wait for release
-        Ok(())
-    }
-    let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let a = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .state(Stall(started.clone(), finish.clone()))
-            .handler(stalls),
-    );
-    started.notified().await;
-    let a_token: Uuid =
-        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    // Relay A's handler stalls (think: a long GC pause), then fails.
+    let a_stall = Stall::new(true);
+    let a =
+        Running::start(fast(Relay::builder(pool.clone())).state(a_stall.clone()).handler(stalls));
+    a_stall.started.notified().await;
+    let a_token = lease_token(&pool, id).await.unwrap();
 
-    // The lease runs out while A is stalled (A renews only every lease_timeout / 3 = 10 s).
+    // The lease runs out while A is stalled (A renews only every lease_timeout / 3 = 10 s),
+    // and relay B takes the row; B's handler is still running when A wakes up.
     sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
         .bind(id)
         .execute(&pool)
         .await
         .unwrap();
-    let log = Log::default();
+    let b_stall = Stall::new(false);
     let b =
-        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed));
+        Running::start(fast(Relay::builder(pool.clone())).state(b_stall.clone()).handler(stalls));
+    b_stall.started.notified().await;
+    let b_token = lease_token(&pool, id).await.unwrap();
+    assert_ne!(a_token, b_token, "B leased under a new fencing token");
+    assert_eq!(*b_stall.log.0.lock().unwrap(), [(id, 2)], "the expiry counts as an attempt");
+
+    // A's stale failure is refused: it neither counts an attempt nor takes B's lease away.
+    a_stall.finish.notify_one();
+    let a = a.stop().await;
+    assert_eq!((a.failed, a.lost_leases), (0, 1));
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.published, row.attempts, row.leased), (false, 1, true));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("lease expired before the relay acknowledged the event")
+    );
+    assert_eq!(lease_token(&pool, id).await, Some(b_token));
+
+    // B's outcome stands.
+    b_stall.finish.notify_one();
     eventually("relay B publishes the event", || async { row_state(&pool, id).await.published })
         .await;
-    let b = b.stop().await;
-    let b_token: Uuid =
-        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_ne!(a_token, b_token, "B leased under a new fencing token");
-    assert_eq!(*log.0.lock().unwrap(), [(id, 2)], "B saw the expiry counted as an attempt");
-
-    // A wakes up and acknowledges with its stale token: refused.
-    finish.notify_one();
-    let a = a.stop().await;
-    assert_eq!((a.delivered, a.lost_leases), (0, 1));
-    assert_eq!(b.delivered, 1);
-    let row = row_state(&pool, id).await;
-    assert_eq!((row.published, row.attempts), (true, 1));
-    let token: Uuid =
-        sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(token, b_token, "A's acknowledgement did not overwrite B's outcome");
+    assert_eq!(b.stop().await.delivered, 1);
+    assert_eq!(row_state(&pool, id).await.attempts, 1);
 }
 
 #[sqlx::test(migrations = false)]
