@@ -41,6 +41,12 @@ use serde::Serialize;
 /// `Display` implementation (`Uuid`, integers, `String` and newtypes that display all work).
 /// Only structs with named fields derive `OutboxEvent`; generic structs do, with the derive
 /// requiring `Serialize + DeserializeOwned` of the concrete type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an outbox event",
+    label = "not an outbox event",
+    note = "derive it: `#[derive(Serialize, Deserialize, OutboxEvent)]` with \
+            `#[outbox(aggregate = \"...\", event_type = \"...\")]` and an `#[outbox(id)]` field"
+)]
 pub trait OutboxEvent: Serialize + DeserializeOwned {
     /// The aggregate type, stored in the `aggregate_type` column.
     const AGGREGATE_TYPE: &'static str;
