@@ -1,4 +1,5 @@
-//! Rules over the whole input: its shape, the keys that must be present, the one id field. Produces the fully checked [`Event`] that `expand` turns into code.
+//! Rules over the whole input: its shape, the keys that must be present, the one id field.
+//! Produces the fully checked [`Event`] that `expand` turns into code.
 
 use syn::{Generics, Ident, LitStr};
 

@@ -16,7 +16,10 @@ fn routing_key<E: OutboxEvent>(event: &E) -> (&'static str, &'static str, String
 
 fn main() {
     let order_id = Uuid::from_u128(0x0192_5f2b_8c1d_7a3e_9f00_1234_5678_9abc);
-    let event = OrderPlaced { order_id, total_cents: 1250 };
+    let event = OrderPlaced {
+        order_id,
+        total_cents: 1250,
+    };
 
     assert_eq!(OrderPlaced::AGGREGATE_TYPE, "order");
     assert_eq!(OrderPlaced::EVENT_TYPE, "order.placed");

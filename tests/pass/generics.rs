@@ -52,28 +52,47 @@ struct Block<const N: usize> {
 }
 
 fn describe<E: OutboxEvent>(event: &E) -> String {
-    format!("{}/{}/{}", E::AGGREGATE_TYPE, E::EVENT_TYPE, event.aggregate_id())
+    format!(
+        "{}/{}/{}",
+        E::AGGREGATE_TYPE,
+        E::EVENT_TYPE,
+        event.aggregate_id()
+    )
 }
 
 fn main() {
-    let wrapped = Wrapped { id: 9, inner: vec!["a".to_owned()] };
+    let wrapped = Wrapped {
+        id: 9,
+        inner: vec!["a".to_owned()],
+    };
     assert_eq!(Wrapped::<Vec<String>>::AGGREGATE_TYPE, "wrapper");
     assert_eq!(Wrapped::<Vec<String>>::EVENT_TYPE, "wrapper.wrapped");
     assert_eq!(wrapped.aggregate_id(), "9");
     assert_eq!(wrapped.inner.len(), 1);
 
     assert_eq!(Keyed { key: 5_u64 }.aggregate_id(), "5");
-    assert_eq!(Keyed { key: "k-1".to_owned() }.aggregate_id(), "k-1");
+    assert_eq!(
+        Keyed {
+            key: "k-1".to_owned()
+        }
+        .aggregate_id(),
+        "k-1"
+    );
     assert_eq!(describe(&Keyed { key: 'x' }), "keyed/keyed.changed/x");
 
     let bounded: Bounded<i64> = Bounded { key: -1, extra: () };
     assert_eq!(describe(&bounded), "bounded/bounded.seen/-1");
     assert_eq!(bounded.extra, ());
 
-    let label = Labelled { name: Cow::Borrowed("blue") };
+    let label = Labelled {
+        name: Cow::Borrowed("blue"),
+    };
     assert_eq!(describe(&label), "label/label.set/blue");
 
-    let block = Block::<4> { id: 3, width: PhantomData };
+    let block = Block::<4> {
+        id: 3,
+        width: PhantomData,
+    };
     assert_eq!(describe(&block), "block/block.written/3");
     assert_eq!(block.width, PhantomData::<[u8; 4]>);
 }

@@ -60,13 +60,28 @@ struct ByNewtype {
 
 fn main() {
     let uuid = Uuid::from_u128(1);
-    assert_eq!(ByUuid { id: uuid }.aggregate_id(), "00000000-0000-0000-0000-000000000001");
-    assert_eq!(ByU64 { id: u64::MAX }.aggregate_id(), "18446744073709551615");
+    assert_eq!(
+        ByUuid { id: uuid }.aggregate_id(),
+        "00000000-0000-0000-0000-000000000001"
+    );
+    assert_eq!(
+        ByU64 { id: u64::MAX }.aggregate_id(),
+        "18446744073709551615"
+    );
     assert_eq!(ByI32 { id: -42 }.aggregate_id(), "-42");
-    assert_eq!(ByString { id: "ord-1".to_owned() }.aggregate_id(), "ord-1");
+    assert_eq!(
+        ByString {
+            id: "ord-1".to_owned()
+        }
+        .aggregate_id(),
+        "ord-1"
+    );
     assert_eq!(ByBoxedStr { id: "b".into() }.aggregate_id(), "b");
 
-    let event = ByNewtype { name: "Ada".to_owned(), customer: CustomerId(42) };
+    let event = ByNewtype {
+        name: "Ada".to_owned(),
+        customer: CustomerId(42),
+    };
     assert_eq!(event.aggregate_id(), "cus_000042");
     assert_eq!(event.name, "Ada");
     assert_eq!(ByNewtype::AGGREGATE_TYPE, "customer");

@@ -32,7 +32,10 @@ pub mod events {
 
     /// Builds an event.
     pub fn opened(id: u64) -> TicketOpened {
-        TicketOpened { r#ticket: Ticket(id), r#type: "bug".to_owned() }
+        TicketOpened {
+            r#ticket: Ticket(id),
+            r#type: "bug".to_owned(),
+        }
     }
 }
 

@@ -22,7 +22,11 @@ mod events {
     use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize, crate::deps::outbox::OutboxEvent)]
-    #[outbox(crate = "crate::deps::outbox", aggregate = "invoice", event_type = "invoice.paid")]
+    #[outbox(
+        crate = "crate::deps::outbox",
+        aggregate = "invoice",
+        event_type = "invoice.paid"
+    )]
     pub struct InvoicePaid {
         #[outbox(id)]
         pub invoice_id: String,
@@ -30,7 +34,11 @@ mod events {
 }
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(crate = "::outbox_runtime", aggregate = "user", event_type = "user.created")]
+#[outbox(
+    crate = "::outbox_runtime",
+    aggregate = "user",
+    event_type = "user.created"
+)]
 struct UserCreated {
     #[outbox(id)]
     user_id: i32,
@@ -41,7 +49,9 @@ fn main() {
     assert_eq!(OrderPlaced::EVENT_TYPE, "order.placed");
     assert_eq!(OrderPlaced { order_id: 42 }.aggregate_id(), "42");
 
-    let paid = events::InvoicePaid { invoice_id: "inv-7".to_owned() };
+    let paid = events::InvoicePaid {
+        invoice_id: "inv-7".to_owned(),
+    };
     assert_eq!(events::InvoicePaid::AGGREGATE_TYPE, "invoice");
     assert_eq!(events::InvoicePaid::EVENT_TYPE, "invoice.paid");
     assert_eq!(paid.aggregate_id(), "inv-7");

@@ -29,7 +29,7 @@ struct Longest {
 
 // Keys may be split over several attributes, in any order, with a trailing comma.
 #[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "split.event",)]
+#[outbox(event_type = "split.event")]
 #[outbox(aggregate = "split")]
 struct Split {
     #[outbox(id)]

@@ -12,6 +12,8 @@ struct OrderPlaced<I> {
 struct OrderId(u64);
 
 fn main() {
-    let event = OrderPlaced { order_id: OrderId(7) };
+    let event = OrderPlaced {
+        order_id: OrderId(7),
+    };
     let _ = event.aggregate_id();
 }

@@ -2,7 +2,12 @@ use outbox_runtime::OutboxEvent;
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(agregate = "order", event_type = "Order.Placed", event_type = "order.placed", crate)]
+#[outbox(
+    agregate = "order",
+    event_type = "Order.Placed",
+    event_type = "order.placed",
+    crate
+)]
 struct OrderPlaced {
     #[outbox(id = 1)]
     order_id: u64,
