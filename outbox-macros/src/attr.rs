@@ -1,33 +1,38 @@
 //! Syntax of `#[outbox(...)]`: one pass over the attributes, every problem recorded in the `Ctxt`.
 //!
-//! Only the shape of each key is checked here (known key, not repeated, right kind of value).
-//! What the values mean, and rules spanning several attributes, live in `valid.rs`.
+//! Everything one key can tell on its own is checked here: known key, not repeated, right kind
+//! of value, names following the grammar. Rules spanning several attributes live in `valid.rs`.
 
 use proc_macro2::{TokenStream, TokenTree};
 use syn::meta::ParseNestedMeta;
 use syn::parse::ParseStream;
-use syn::{Attribute, Ident, LitStr, Token};
+use syn::{Attribute, Ident, LitStr, Meta, Token};
 
 use crate::ctxt::Ctxt;
+use crate::name;
 use crate::symbol::{AGGREGATE, CONTAINER_KEYS, CRATE, EVENT_TYPE, FIELD_KEYS, ID, OUTBOX};
 
 /// `#[outbox(...)]` on the struct.
 #[derive(Default)]
 pub struct Container {
+    /// `aggregate = "..."`, following the name grammar.
     pub aggregate: Value<LitStr>,
-    /// `event_type = "..."`.
+    /// `event_type = "..."`, following the name grammar.
     pub event_type: Value<LitStr>,
     /// `crate = "..."`, parsed as a path whose tokens carry the literal's span.
     pub krate: Value<syn::Path>,
+    /// Some `#[outbox]` attribute could not be read to its end (already reported), so a key
+    /// may be there unseen: "missing key" errors would be guesses.
+    pub incomplete: bool,
 }
 
-/// One key's value, as far as syntax goes.
+/// One key's value, as far as a single attribute can tell.
 #[derive(Default)]
 pub enum Value<T> {
     /// The key is not there.
     #[default]
     Absent,
-    /// The key is there but its value is unusable; the error is already recorded.
+    /// The key is there (or was likely meant) but unusable; the error is already recorded.
     Invalid,
     /// The key and a well-formed value (the first, when the key is repeated).
     Given(T),
@@ -50,39 +55,46 @@ impl<T> Value<T> {
 pub struct Field {
     /// The `id` key, when the field is marked as the aggregate id.
     pub id: Option<Ident>,
+    /// An `#[outbox]` attribute here was unreadable or had a misspelled `id` (already reported):
+    /// the field may be meant as the id.
+    pub maybe_id: bool,
 }
 
 impl Container {
     pub fn from_attrs(cx: &Ctxt, attrs: &[Attribute]) -> Self {
         let mut out = Container::default();
         let mut seen = Seen::default();
-        for attr in outbox_attrs(attrs) {
-            let result = attr.parse_nested_meta(|meta| {
-                let Some(key) = meta.path.get_ident() else {
-                    return unknown_key(cx, &meta, KeyPlace::Container);
-                };
-                if key == AGGREGATE {
-                    seen.check(cx, key);
-                    out.aggregate.set(string_value(cx, &meta, AGGREGATE)?);
-                } else if key == EVENT_TYPE {
-                    seen.check(cx, key);
-                    out.event_type.set(string_value(cx, &meta, EVENT_TYPE)?);
-                } else if key == CRATE {
-                    seen.check(cx, key);
-                    let path = string_value(cx, &meta, CRATE)?.and_then(|lit| crate_path(cx, &lit));
-                    out.krate.set(path);
-                } else {
-                    return unknown_key(cx, &meta, KeyPlace::Container);
-                }
-                Ok(())
-            });
-            if let Err(err) = result {
-                cx.syn_error(err);
-                // The rest of this attribute was not read; a `crate` key may be in it.
-                if mentions_crate(attr) {
-                    out.krate.set(None);
+        out.incomplete = !parse_outbox_attrs(cx, attrs, |meta| {
+            let Some(key) = meta.path.get_ident() else {
+                unknown_key(cx, &meta, KeyPlace::Container)?;
+                return Ok(());
+            };
+            if key == AGGREGATE {
+                seen.check(cx, key);
+                let lit = string_value(cx, &meta, AGGREGATE)?;
+                out.aggregate.set(lit.filter(|lit| valid_name(cx, lit, "aggregate")));
+            } else if key == EVENT_TYPE {
+                seen.check(cx, key);
+                let lit = string_value(cx, &meta, EVENT_TYPE)?;
+                out.event_type.set(lit.filter(|lit| valid_name(cx, lit, "event type")));
+            } else if key == CRATE {
+                seen.check(cx, key);
+                let path = string_value(cx, &meta, CRATE)?.and_then(|lit| crate_path(cx, &lit));
+                out.krate.set(path);
+            } else {
+                // A misspelled key counts as that key given badly: no "missing" error on top.
+                match unknown_key(cx, &meta, KeyPlace::Container)? {
+                    Some(AGGREGATE) => out.aggregate.set(None),
+                    Some(EVENT_TYPE) => out.event_type.set(None),
+                    Some(CRATE) => out.krate.set(None),
+                    _ => {}
                 }
             }
+            Ok(())
+        });
+        if out.incomplete && attrs.iter().any(mentions_crate) {
+            // The unread rest may hold `crate = "..."`: do not guess the default path.
+            out.krate.set(None);
         }
         out
     }
@@ -92,32 +104,53 @@ impl Field {
     pub fn from_attrs(cx: &Ctxt, attrs: &[Attribute]) -> Self {
         let mut out = Field::default();
         let mut seen = Seen::default();
-        for attr in outbox_attrs(attrs) {
-            let result = attr.parse_nested_meta(|meta| {
-                let Some(key) = meta.path.get_ident() else {
-                    return unknown_key(cx, &meta, KeyPlace::Field);
-                };
-                if key != ID {
-                    return unknown_key(cx, &meta, KeyPlace::Field);
+        let complete = parse_outbox_attrs(cx, attrs, |meta| {
+            let key = meta.path.get_ident().filter(|key| *key == ID);
+            let Some(key) = key else {
+                if unknown_key(cx, &meta, KeyPlace::Field)? == Some(ID) {
+                    out.maybe_id = true;
                 }
-                seen.check(cx, key);
-                if !at_end(meta.input) {
-                    let args = skip_value(meta.input)?;
-                    cx.error_spanned_by(args, "`id` takes no arguments: write `#[outbox(id)]`");
-                }
-                out.id.get_or_insert_with(|| key.clone());
-                Ok(())
-            });
-            if let Err(err) = result {
-                cx.syn_error(err);
+                return Ok(());
+            };
+            seen.check(cx, key);
+            if !at_end(meta.input) {
+                let args = skip_value(meta.input)?;
+                cx.error_spanned_by(args, "`id` takes no arguments: write `#[outbox(id)]`");
             }
-        }
+            out.id.get_or_insert_with(|| key.clone());
+            Ok(())
+        });
+        out.maybe_id |= !complete;
         out
     }
 }
 
-fn outbox_attrs(attrs: &[Attribute]) -> impl Iterator<Item = &Attribute> {
-    attrs.iter().filter(|attr| attr.path().is_ident(OUTBOX))
+/// Runs `each` on every key of every `#[outbox(...)]` in `attrs`. Returns `false` if some
+/// attribute could not be read to its end (the error is recorded).
+fn parse_outbox_attrs(
+    cx: &Ctxt,
+    attrs: &[Attribute],
+    mut each: impl FnMut(ParseNestedMeta) -> syn::Result<()>,
+) -> bool {
+    let mut complete = true;
+    for attr in attrs.iter().filter(|attr| attr.path().is_ident(OUTBOX)) {
+        let result = match &attr.meta {
+            Meta::List(_) => attr.parse_nested_meta(&mut each),
+            Meta::Path(meta) => Err(syn::Error::new_spanned(
+                meta,
+                "`#[outbox]` needs keys in parentheses: `#[outbox(...)]`",
+            )),
+            Meta::NameValue(meta) => Err(syn::Error::new_spanned(
+                meta,
+                "expected `#[outbox(...)]`, found `#[outbox = ...]`",
+            )),
+        };
+        if let Err(err) = result {
+            cx.syn_error(err);
+            complete = false;
+        }
+    }
+    complete
 }
 
 /// Keys already seen on one item, to report the second occurrence of a key.
@@ -142,28 +175,37 @@ enum KeyPlace {
     Field,
 }
 
-/// Reports an unknown key at the key, skips its value and goes on with the next key.
-fn unknown_key(cx: &Ctxt, meta: &ParseNestedMeta, place: KeyPlace) -> syn::Result<()> {
+/// Reports an unknown key at the key and skips its value, so parsing goes on with the next key.
+/// Returns the known key it was likely meant as, if any.
+fn unknown_key(
+    cx: &Ctxt,
+    meta: &ParseNestedMeta,
+    place: KeyPlace,
+) -> syn::Result<Option<&'static str>> {
     let name = path_to_string(&meta.path);
-    let msg = match place {
-        KeyPlace::Container if FIELD_KEYS.contains(&name.as_str()) => {
-            format!("`{name}` goes on the aggregate id field, not on the struct")
+    let (here, elsewhere, what) = match place {
+        KeyPlace::Container => (CONTAINER_KEYS, FIELD_KEYS, "outbox attribute"),
+        KeyPlace::Field => (FIELD_KEYS, CONTAINER_KEYS, "outbox field attribute"),
+    };
+    let suggestion = suggest(&name, here);
+    let msg = if elsewhere.contains(&name.as_str()) {
+        match place {
+            KeyPlace::Container => {
+                format!("`{name}` goes on the aggregate id field, not on the struct")
+            }
+            KeyPlace::Field => format!("`{name}` goes on the struct, not on a field"),
         }
-        KeyPlace::Field if CONTAINER_KEYS.contains(&name.as_str()) => {
-            format!("`{name}` goes on the struct, not on a field")
-        }
-        KeyPlace::Container => unknown_key_message("outbox attribute", &name, CONTAINER_KEYS),
-        KeyPlace::Field => unknown_key_message("outbox field attribute", &name, FIELD_KEYS),
+    } else if let Some(best) = suggestion {
+        format!("unknown {what} `{name}`, did you mean `{best}`?")
+    } else {
+        unknown_key_message(what, &name, here)
     };
     cx.error_spanned_by(&meta.path, msg);
     skip_value(meta.input)?;
-    Ok(())
+    Ok(suggestion.filter(|_| !elsewhere.contains(&name.as_str())))
 }
 
 fn unknown_key_message(what: &str, name: &str, expected: &[&str]) -> String {
-    if let Some(best) = suggest(name, expected) {
-        return format!("unknown {what} `{name}`, did you mean `{best}`?");
-    }
     match expected {
         [only] => format!("unknown {what} `{name}`, expected `{only}`"),
         _ => {
@@ -214,6 +256,17 @@ fn string_value(cx: &Ctxt, meta: &ParseNestedMeta, key: &str) -> syn::Result<Opt
     Ok(None)
 }
 
+/// Checks a name against the grammar, recording the error at the literal.
+fn valid_name(cx: &Ctxt, lit: &LitStr, what: &str) -> bool {
+    match name::check(what, &lit.value()) {
+        Ok(()) => true,
+        Err(msg) => {
+            cx.error_spanned_by(lit, msg);
+            false
+        }
+    }
+}
+
 /// Parses the value of `crate = "..."` as a module path, spanned at the literal.
 fn crate_path(cx: &Ctxt, lit: &LitStr) -> Option<syn::Path> {
     if lit.value().trim().is_empty() {
@@ -235,9 +288,12 @@ fn crate_path(cx: &Ctxt, lit: &LitStr) -> Option<syn::Path> {
     }
 }
 
-/// Whether the attribute's tokens contain a top-level `crate` key.
+/// Whether an `#[outbox(...)]` attribute's tokens contain a top-level `crate`.
 fn mentions_crate(attr: &Attribute) -> bool {
-    let syn::Meta::List(list) = &attr.meta else {
+    if !attr.path().is_ident(OUTBOX) {
+        return false;
+    }
+    let Meta::List(list) = &attr.meta else {
         return false;
     };
     list.tokens.clone().into_iter().any(|tt| match tt {

@@ -8,6 +8,7 @@ mod attr;
 mod ctxt;
 mod expand;
 mod fallback;
+mod name;
 mod symbol;
 mod valid;
 

@@ -1,14 +1,11 @@
-//! Rules over the parsed attributes: what the names may look like, what must be present, the
-//! shape of the input. Produces the fully checked [`Event`] that `expand` turns into code.
+//! Rules over the whole input: its shape, the keys that must be present, the one id field.
+//! Produces the fully checked [`Event`] that `expand` turns into code.
 
 use syn::{Generics, Ident, LitStr};
 
 use crate::ast::{Data, Field, Input};
 use crate::attr::Value;
 use crate::ctxt::Ctxt;
-
-/// Longest accepted aggregate or event type, in characters.
-pub const MAX_NAME_LEN: usize = 128;
 
 /// Everything `expand` needs, all of it checked.
 pub struct Event<'a> {
@@ -25,8 +22,6 @@ pub struct Event<'a> {
 pub fn check<'a>(cx: &Ctxt, input: &'a Input<'a>) -> Option<Event<'a>> {
     let ident = input.ident;
     let attrs = &input.attrs;
-    let aggregate = checked_name(cx, &attrs.aggregate, "aggregate");
-    let event_type = checked_name(cx, &attrs.event_type, "event type");
     let krate = match &attrs.krate {
         Value::Absent => Some(None),
         Value::Given(path) => Some(Some(path)),
@@ -43,6 +38,7 @@ pub fn check<'a>(cx: &Ctxt, input: &'a Input<'a>) -> Option<Event<'a>> {
     };
 
     match (&attrs.aggregate, &attrs.event_type) {
+        _ if attrs.incomplete => {}
         (Value::Absent, Value::Absent) => cx.error_spanned_by(
             ident,
             format_args!(
@@ -65,11 +61,18 @@ pub fn check<'a>(cx: &Ctxt, input: &'a Input<'a>) -> Option<Event<'a>> {
     Some(Event {
         ident,
         generics: input.generics,
-        aggregate: aggregate?,
-        event_type: event_type?,
+        aggregate: given(&attrs.aggregate)?,
+        event_type: given(&attrs.event_type)?,
         id: id?,
         krate: krate?,
     })
+}
+
+fn given<T>(value: &Value<T>) -> Option<&T> {
+    match value {
+        Value::Given(value) => Some(value),
+        Value::Absent | Value::Invalid => None,
+    }
 }
 
 /// The one `#[outbox(id)]` field; extra ones are reported at their `id` key.
@@ -86,6 +89,8 @@ fn id_field<'a>(cx: &Ctxt, ident: &Ident, fields: &'a [Field<'a>]) -> Option<&'a
                 ),
             );
         }
+    } else if fields.iter().any(|field| field.attrs.maybe_id) {
+        // An unreadable or misspelled field attribute was reported; it may have meant `id`.
     } else if fields.is_empty() {
         cx.error_spanned_by(
             ident,
@@ -126,101 +131,5 @@ fn shape_error(cx: &Ctxt, ident: &Ident, data: &Data) {
             quote::quote!(#token #ident),
             format_args!("{PREFIX}; unions are not supported"),
         ),
-    }
-}
-
-/// The literal if it is present and follows the grammar; errors are recorded at the literal.
-fn checked_name<'a>(cx: &Ctxt, value: &'a Value<LitStr>, what: &str) -> Option<&'a LitStr> {
-    let Value::Given(lit) = value else {
-        return None;
-    };
-    match check_name(what, &lit.value()) {
-        Ok(()) => Some(lit),
-        Err(msg) => {
-            cx.error_spanned_by(lit, msg);
-            None
-        }
-    }
-}
-
-/// The grammar of aggregate and event types: a lowercase ASCII letter, then lowercase ASCII
-/// letters, digits, `_`, `.` and `-`; at most [`MAX_NAME_LEN`] characters.
-pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    const RULE: &str = "use lowercase letters, digits, `_`, `.` and `-`, starting with a letter";
-    let mut chars = name.chars();
-    let Some(first) = chars.next() else {
-        return Err(format!("{what} cannot be empty: {RULE}"));
-    };
-    if let Some(bad) = name.chars().find(|c| !is_name_char(*c)) {
-        return Err(format!("invalid character {} in {what} {name:?}: {RULE}", show_char(bad)));
-    }
-    if !first.is_ascii_lowercase() {
-        return Err(format!("{what} {name:?} starts with {}: {RULE}", show_char(first)));
-    }
-    let len = name.chars().count();
-    if len > MAX_NAME_LEN {
-        return Err(format!("{what} is {len} characters long, the maximum is {MAX_NAME_LEN}"));
-    }
-    Ok(())
-}
-
-fn is_name_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-')
-}
-
-/// A character quoted for a message; invisible ones spelled as escapes.
-fn show_char(c: char) -> String {
-    if c == ' ' {
-        "` ` (a space)".to_owned()
-    } else {
-        format!("`{}`", c.escape_debug())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_valid_names() {
-        for name in ["a", "order", "order.placed", "order.placed-v2_x", "billing-v2.invoice_paid"] {
-            assert_eq!(check_name("event type", name), Ok(()), "{name}");
-        }
-        let longest = "a".repeat(MAX_NAME_LEN);
-        assert_eq!(check_name("event type", &longest), Ok(()));
-    }
-
-    #[test]
-    fn rejects_empty() {
-        assert!(check_name("aggregate", "").unwrap_err().starts_with("aggregate cannot be empty"));
-    }
-
-    #[test]
-    fn names_the_first_invalid_character() {
-        assert_eq!(
-            check_name("event type", "Order.placed").unwrap_err(),
-            "invalid character `O` in event type \"Order.placed\": use lowercase letters, digits, `_`, `.` and `-`, starting with a letter"
-        );
-        assert!(check_name("aggregate", "order placed").unwrap_err().contains("` ` (a space)"));
-        assert!(check_name("aggregate", "order/x").unwrap_err().contains("`/`"));
-        assert!(check_name("aggregate", "ordér").unwrap_err().contains("`é`"));
-        assert!(check_name("aggregate", "a\tb").unwrap_err().contains("`\\t`"));
-    }
-
-    #[test]
-    fn must_start_with_a_letter() {
-        for name in ["1order", "_order", ".order", "-order"] {
-            let err = check_name("aggregate", name).unwrap_err();
-            assert!(err.contains("starts with"), "{name}: {err}");
-        }
-    }
-
-    #[test]
-    fn rejects_long_names() {
-        let long = "a".repeat(MAX_NAME_LEN + 1);
-        assert_eq!(
-            check_name("aggregate", &long).unwrap_err(),
-            "aggregate is 129 characters long, the maximum is 128"
-        );
     }
 }

@@ -1,0 +1,18 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id = "order")]
+    order_id: u64,
+}
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.cancelled")]
+struct OrderCancelled {
+    #[outbox(id(uuid))]
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced;
+
+fn main() {}
