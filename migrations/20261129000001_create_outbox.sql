@@ -28,7 +28,11 @@ CREATE TABLE outbox.events (
     dead_at        timestamptz
 );
 
--- The relay's lease query reads only this index, so published history does not slow it down.
+-- The relay's lease queries read only these partial indexes, so published history does not
+-- slow them down: per handled type (the default), or across all types.
+CREATE INDEX events_pending_by_type ON outbox.events (aggregate_type, event_type, available_at, seq)
+    WHERE published_at IS NULL AND dead_at IS NULL;
+
 CREATE INDEX events_pending ON outbox.events (available_at, seq)
     WHERE published_at IS NULL AND dead_at IS NULL;
 

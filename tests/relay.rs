@@ -192,7 +192,7 @@ async fn failed_delivery_is_scheduled_by_backoff(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!((30.0..=40.0).contains(&retry_in), "next try about base (40 s) away, got {retry_in}");
+    assert!((70.0..=80.0).contains(&retry_in), "next try base * 2^1 = 80 s away, got {retry_in}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -256,20 +256,22 @@ async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
         .unwrap()
 }
 
-#[sqlx::test(migrations = false)]
-async fn an_expired_lease_is_re_leased_and_the_stale_acknowledgement_refused(pool: PgPool) {
+/// Relay A stalls on an event (think: a long GC pause) until its lease runs out and relay B
+/// takes the row over; while B's handler still runs, A finishes with `a_fails` and
+/// acknowledges under its stale token.
+async fn stale_acknowledgement(pool: PgPool, a_fails: bool) {
     migrated(&pool).await;
     let id = emit_committed(&pool, &[placed(1)]).await[0];
 
-    // Relay A's handler stalls (think: a long GC pause), then fails.
-    let a_stall = Stall::new(true);
-    let a =
-        Running::start(fast(Relay::builder(pool.clone())).state(a_stall.clone()).handler(stalls));
+    // With its one slot busy, A leases nothing more meanwhile.
+    let a_stall = Stall::new(a_fails);
+    let a = Running::start(
+        fast(Relay::builder(pool.clone())).state(a_stall.clone()).handler(stalls).concurrency(1),
+    );
     a_stall.started.notified().await;
     let a_token = lease_token(&pool, id).await.unwrap();
 
-    // The lease runs out while A is stalled (A renews only every lease_timeout / 3 = 10 s),
-    // and relay B takes the row; B's handler is still running when A wakes up.
+    // The lease runs out (A renews only every lease_timeout / 3 = 10 s) and B takes the row.
     sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
         .bind(id)
         .execute(&pool)
@@ -283,10 +285,11 @@ async fn an_expired_lease_is_re_leased_and_the_stale_acknowledgement_refused(poo
     assert_ne!(a_token, b_token, "B leased under a new fencing token");
     assert_eq!(*b_stall.log.0.lock().unwrap(), [(id, 2)], "the expiry counts as an attempt");
 
-    // A's stale failure is refused: it neither counts an attempt nor takes B's lease away.
+    // A's stale outcome is refused: it neither publishes, nor counts an attempt, nor takes
+    // B's lease away.
     a_stall.finish.notify_one();
     let a = a.stop().await;
-    assert_eq!((a.failed, a.lost_leases), (0, 1));
+    assert_eq!((a.delivered, a.failed, a.lost_leases), (0, 0, 1));
     let row = row_state(&pool, id).await;
     assert_eq!((row.published, row.attempts, row.leased), (false, 1, true));
     assert_eq!(
@@ -301,6 +304,149 @@ async fn an_expired_lease_is_re_leased_and_the_stale_acknowledgement_refused(poo
         .await;
     assert_eq!(b.stop().await.delivered, 1);
     assert_eq!(row_state(&pool, id).await.attempts, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_stale_failure_cannot_overwrite_the_new_lease(pool: PgPool) {
+    stale_acknowledgement(pool, true).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_stale_success_cannot_publish_under_the_new_lease(pool: PgPool) {
+    stale_acknowledgement(pool, false).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handler_outliving_the_lease_timeout_keeps_its_row(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn slow(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record(&ctx);
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
+        Ok(())
+    }
+    // Leases of 300 ms, renewed every 100 ms, while the handler takes 2 s; a second relay
+    // polls all along.
+    let log = Log::default();
+    let relay = || {
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(slow)
+            .lease_timeout(Duration::from_millis(300))
+    };
+    let (a, b) = (Running::start(relay()), Running::start(relay()));
+    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    let (a, b) = (a.stop().await, b.stop().await);
+
+    assert_eq!(*log.0.lock().unwrap(), [(id, 1)], "delivered once, by one relay");
+    assert_eq!(a.delivered + b.delivered, 1);
+    assert_eq!(row_state(&pool, id).await.attempts, 0, "the lease never expired");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_relay_that_re_leases_its_own_row_does_not_run_it_twice(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    let stall = Stall::new(false);
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(stall.clone()).handler(stalls).concurrency(4),
+    );
+    stall.started.notified().await;
+    // The lease runs out before the relay renewed it, and the same relay leases the row again.
+    let first = lease_token(&pool, id).await.unwrap();
+    sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually("the relay re-leased its row", || async {
+        lease_token(&pool, id).await != Some(first)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stall.finish.notify_one();
+    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    let counts = relay.stop().await;
+
+    assert_eq!(*stall.log.0.lock().unwrap(), [(id, 1)], "the handler ran once");
+    assert_eq!((counts.delivered, counts.lost_leases), (1, 0), "acknowledged under the new lease");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_lost_lease_cancels_the_delivery(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    /// Sets its flag when the handler's future is dropped before it finished.
+    struct CancelledFlag(Arc<Notify>);
+    impl Drop for CancelledFlag {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    async fn hangs(
+        ctx: EventContext<(Arc<Notify>, Arc<Notify>)>,
+        _: OrderPlaced,
+    ) -> Result<(), HandlerError> {
+        let _flag = CancelledFlag(ctx.state().1.clone());
+        ctx.state().0.notify_one();
+        std::future::pending().await
+    }
+    let (started, cancelled) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state((started.clone(), cancelled.clone()))
+            .handler(hangs)
+            .lease_timeout(Duration::from_millis(600)),
+    );
+    started.notified().await;
+    // Another relay took the row over (as after a pause longer than the lease).
+    sqlx::query("UPDATE outbox.events SET lease_token = gen_random_uuid() WHERE event_id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), cancelled.notified())
+        .await
+        .expect("the renewer found the lease lost and cancelled the handler");
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (0, 0));
+    assert!(!row_state(&pool, id).await.published);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_lease_expiring_on_the_last_attempt_makes_a_dead_letter(pool: PgPool) {
+    migrated(&pool).await;
+    // A relay died holding this row on its third and last attempt; the lease has expired.
+    let id: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.events \
+             (event_id, aggregate_type, aggregate_id, event_type, payload, attempts, lease_token, \
+              available_at) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', \
+                 jsonb_build_object('order_id', gen_random_uuid(), 'total_cents', 1), 2, \
+                 gen_random_uuid(), now() - interval '1 second') \
+         RETURNING event_id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed).max_attempts(3),
+    );
+    eventually("the row is dead", || async { row_state(&pool, id).await.dead }).await;
+    let counts = relay.stop().await;
+    assert_eq!(log.len(), 0, "a row that died on expiry is not delivered");
+    assert_eq!(counts.dead, 1);
+    let row = row_state(&pool, id).await;
+    assert_eq!(row.attempts, 3);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("lease expired before the relay acknowledged the event")
+    );
 }
 
 #[sqlx::test(migrations = false)]
@@ -497,6 +643,46 @@ async fn notify_wakes_an_idle_relay_before_the_poll_interval(pool: PgPool) {
     );
     // Let the relay find the table empty and go to sleep on the poll interval.
     tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    eventually("the event is delivered", || async { log.len() == 1 }).await;
+    relay.stop().await;
+    assert_eq!(log.0.lock().unwrap()[0].0, id);
+}
+
+#[sqlx::test(migrations = false)]
+async fn wake_ups_survive_a_dropped_listen_connection(pool: PgPool) {
+    migrated(&pool).await;
+    let log = Log::default();
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .state(log.clone())
+            .handler(log_placed)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    let listener = || async {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+    };
+    eventually("the relay LISTENs", || async { listener().await.is_some() }).await;
+    let first = listener().await;
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first.unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    eventually("the relay LISTENs again", || async {
+        listener().await.is_some_and(|pid| Some(pid) != first)
+    })
+    .await;
+    // Let the wake-up that follows the reconnect pass, so only NOTIFY can find the event.
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     let id = emit_committed(&pool, &[placed(1)]).await[0];
     eventually("the event is delivered", || async { log.len() == 1 }).await;

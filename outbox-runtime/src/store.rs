@@ -117,52 +117,80 @@ pub(crate) struct LeaseRequest<'a> {
     pub(crate) filter: LeaseFilter<'a>,
 }
 
-/// Leases up to `limit` available rows in one statement under a fresh fencing token.
+/// The lease statement around a `candidates` query that selects and locks the rows to lease.
 ///
 /// The lease pushes `available_at` past the lease timeout, so the row stays invisible to every
 /// other relay after this statement commits, until the lease expires. Leasing a row whose
 /// previous lease expired counts that expiry as an attempt, and kills the row if it was the last.
+macro_rules! lease_sql {
+    ($candidates:literal) => {
+        concat!(
+            "WITH candidates AS (",
+            $candidates,
+            ") \
+             UPDATE outbox.events e \
+             SET lease_token  = $2, \
+                 available_at = now() + $3::bigint * interval '1 microsecond', \
+                 attempts     = e.attempts + (e.lease_token IS NOT NULL)::int, \
+                 last_error   = CASE WHEN e.lease_token IS NULL THEN e.last_error \
+                                ELSE 'lease expired before the relay acknowledged the event' END, \
+                 dead_at      = CASE WHEN e.lease_token IS NOT NULL AND e.attempts + 1 >= $4 \
+                                THEN now() END \
+             FROM candidates c \
+             WHERE e.event_id = c.event_id \
+             RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
+                       e.payload::text, e.headers, e.created_at, e.attempts, \
+                       e.dead_at IS NOT NULL AS died"
+        )
+    };
+}
+
+/// Leases the oldest available rows of the handled types: one short scan of the
+/// `events_pending_by_type` index per type, so rows of types this relay does not handle cost
+/// nothing however many pile up.
+const LEASE_HANDLED: &str = lease_sql!(
+    "SELECT c.event_id \
+     FROM UNNEST($5::text[], $6::text[]) AS h(aggregate_type, event_type) \
+     CROSS JOIN LATERAL ( \
+         SELECT event_id, available_at, seq FROM outbox.events \
+         WHERE aggregate_type = h.aggregate_type AND event_type = h.event_type \
+           AND published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+         ORDER BY available_at, seq \
+         LIMIT $1 \
+         FOR UPDATE SKIP LOCKED \
+     ) c \
+     ORDER BY c.available_at, c.seq \
+     LIMIT $1"
+);
+
+/// Leases the oldest available rows of any type.
+const LEASE_ANY: &str = lease_sql!(
+    "SELECT event_id FROM outbox.events \
+     WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+     ORDER BY available_at, seq \
+     LIMIT $1 \
+     FOR UPDATE SKIP LOCKED"
+);
+
+/// Leases up to `limit` available rows in one statement under a fresh fencing token.
 pub(crate) async fn lease(
     pool: &PgPool,
     request: LeaseRequest<'_>,
 ) -> Result<Vec<LeasedEvent>, sqlx::Error> {
-    let (only, aggregate_types, event_types) = match request.filter {
-        LeaseFilter::Only { aggregate_types, event_types } => (true, aggregate_types, event_types),
-        LeaseFilter::All => (false, &[][..], &[][..]),
-    };
     let token = Uuid::new_v4();
-    let rows = sqlx::query(
-        "WITH candidates AS ( \
-             SELECT event_id FROM outbox.events \
-             WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
-               AND (NOT $5 OR (aggregate_type, event_type) IN \
-                    (SELECT * FROM UNNEST($6::text[], $7::text[]))) \
-             ORDER BY available_at, seq \
-             LIMIT $1 \
-             FOR UPDATE SKIP LOCKED \
-         ) \
-         UPDATE outbox.events e \
-         SET lease_token  = $2, \
-             available_at = now() + $3::bigint * interval '1 microsecond', \
-             attempts     = e.attempts + (e.lease_token IS NOT NULL)::int, \
-             last_error   = CASE WHEN e.lease_token IS NULL THEN e.last_error \
-                            ELSE 'lease expired before the relay acknowledged the event' END, \
-             dead_at      = CASE WHEN e.lease_token IS NOT NULL AND e.attempts + 1 >= $4 \
-                            THEN now() END \
-         FROM candidates c \
-         WHERE e.event_id = c.event_id \
-         RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload::text, \
-                   e.headers, e.created_at, e.attempts, e.dead_at IS NOT NULL AS died",
-    )
-    .bind(request.limit)
-    .bind(token)
-    .bind(micros(request.lease_timeout))
-    .bind(request.max_attempts)
-    .bind(only)
-    .bind(aggregate_types)
-    .bind(event_types)
-    .fetch_all(pool)
-    .await?;
+    let sql = match request.filter {
+        LeaseFilter::Only { .. } => LEASE_HANDLED,
+        LeaseFilter::All => LEASE_ANY,
+    };
+    let mut query = sqlx::query(sql)
+        .bind(request.limit)
+        .bind(token)
+        .bind(micros(request.lease_timeout))
+        .bind(request.max_attempts);
+    if let LeaseFilter::Only { aggregate_types, event_types } = request.filter {
+        query = query.bind(aggregate_types).bind(event_types);
+    }
+    let rows = query.fetch_all(pool).await?;
     rows.iter()
         .map(|row| {
             Ok(LeasedEvent {

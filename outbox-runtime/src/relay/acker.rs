@@ -1,8 +1,6 @@
 //! Acknowledgements: outcomes of deliveries, applied in batches with one statement per kind.
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -10,6 +8,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use uuid::Uuid;
 
 use crate::relay::config::Backoff;
+use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
 use crate::store::{self, Failures};
 
@@ -36,37 +35,6 @@ pub(crate) struct Ack {
 /// Most acknowledgements applied in one statement.
 const MAX_BATCH: usize = 1_000;
 
-/// Rows this relay holds a lease on, from lease to acknowledgement; their leases are renewed.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Held(Arc<Mutex<HashMap<Uuid, Uuid>>>);
-
-impl Held {
-    pub(crate) fn insert(&self, event_id: Uuid, token: Uuid) {
-        self.lock().insert(event_id, token);
-    }
-
-    fn remove(&self, acks: &[Ack]) {
-        let mut held = self.lock();
-        for ack in acks {
-            held.remove(&ack.event_id);
-        }
-    }
-
-    /// `(event ids, tokens)` of every held row.
-    fn columns(&self) -> (Vec<Uuid>, Vec<Uuid>) {
-        self.lock().iter().map(|(id, token)| (*id, *token)).unzip()
-    }
-
-    fn count_where(&self, predicate: impl Fn(&Uuid) -> bool) -> usize {
-        self.lock().keys().filter(|id| predicate(id)).count()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Uuid>> {
-        // The map stays consistent even if a holder panicked: every operation is one call.
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 pub(crate) struct Acker {
     pub(crate) pool: PgPool,
     pub(crate) held: Held,
@@ -91,9 +59,13 @@ impl Acker {
                     Err(_) => break,
                 }
             }
+            // Acknowledge under the current token: if this relay re-leased a row it was
+            // already delivering, the delivery under way answers for the new lease.
+            for ack in &mut batch {
+                ack.token = self.held.token(ack.event_id).unwrap_or(ack.token);
+            }
             self.apply(&batch).await;
-            self.held.remove(&batch);
-            batch.clear();
+            self.held.forget(batch.drain(..).map(|ack| ack.event_id));
         }
     }
 
@@ -108,7 +80,7 @@ impl Acker {
                     ack.event_id,
                     ack.token,
                     error.clone(),
-                    self.backoff.delay(*earlier_failures),
+                    self.backoff.delay(earlier_failures + 1),
                 ),
             }
         }
@@ -163,34 +135,6 @@ impl Acker {
                 "outbox acknowledgements refused: the lease expired and another relay took the rows"
             );
             self.metrics.add_lost_leases(lost);
-        }
-    }
-}
-
-/// Keeps the leases of held rows alive while their handlers run or wait to start.
-pub(crate) async fn renew_leases(pool: PgPool, held: Held, lease_timeout: Duration) {
-    let mut every = tokio::time::interval(lease_timeout / 3);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        let (ids, tokens) = held.columns();
-        if ids.is_empty() {
-            continue;
-        }
-        match store::renew(&pool, &ids, &tokens, lease_timeout).await {
-            Ok(renewed) => {
-                // Rows acknowledged since the snapshot are not renewed, and not lost either.
-                let renewed: HashSet<Uuid> = renewed.into_iter().collect();
-                let lost = held.count_where(|id| !renewed.contains(id));
-                if lost > 0 {
-                    tracing::warn!(
-                        lost,
-                        "outbox leases expired before renewal: another relay may deliver those rows too"
-                    );
-                }
-            }
-            Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
         }
     }
 }

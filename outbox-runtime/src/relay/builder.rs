@@ -57,8 +57,9 @@ pub enum BuildError {
 impl Relay<()> {
     /// Starts building a relay that leases from the outbox through `pool`.
     ///
-    /// The relay holds up to three of the pool's connections at once: one to lease, one to
-    /// acknowledge, and one that LISTENs for new events.
+    /// Handlers are free to use `pool` (transactional handlers do). The relay's own statements
+    /// run on up to four connections it opens with the pool's connect options: to lease, to
+    /// acknowledge, to renew leases, and to LISTEN for new events.
     pub fn builder(pool: PgPool) -> RelayBuilder<()> {
         RelayBuilder { pool, state: (), handlers: Vec::new(), config: RelayConfig::default() }
     }
@@ -160,9 +161,11 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
-    /// Cancels a handler that runs longer than this and records a failure. Default: none.
-    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
-        self.config.handler_timeout = Some(timeout);
+    /// Cancels a handler that runs longer than this and records a failure, so a hung handler
+    /// cannot hold its row (whose lease the relay keeps renewing) forever. `None` lets
+    /// handlers run as long as they like. Default 5 minutes.
+    pub fn handler_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.handler_timeout = timeout;
         self
     }
 

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-/// Retry delays: `min(base * 2^failures, cap)`, then jittered into its upper half.
+/// Retry delays: after the n-th failed attempt, `min(base * 2^n, cap)`, jittered into its upper
+/// half.
 ///
-/// With the defaults (base 1 s, cap 10 minutes, the reference design's) the first retry comes
-/// 0.5–1 s after the first failure, the second 1–2 s after the second, and so on.
+/// With the defaults (base 1 s, cap 10 minutes, as the reference design) the retry after the
+/// first failure comes 1–2 s later, after the second 2–4 s, and so on up to 5–10 minutes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     /// Delay after the first failure, before jitter.
@@ -24,10 +25,10 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before the retry that follows a failure, given how many failures (and
-    /// expired leases) came before this one.
-    pub fn delay(&self, earlier_failures: u32) -> Duration {
-        let factor = 2_u32.checked_pow(earlier_failures).unwrap_or(u32::MAX);
+    /// The delay before the next attempt, given the failed attempts so far (failures and
+    /// expired leases, the one just recorded included).
+    pub fn delay(&self, failed_attempts: u32) -> Duration {
+        let factor = 2_u32.checked_pow(failed_attempts).unwrap_or(u32::MAX);
         let delay = self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap);
         if self.jitter {
             delay.mul_f64(0.5 + fastrand::f64() / 2.0)
@@ -74,7 +75,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(1),
             backoff: Backoff::default(),
             shutdown_timeout: Duration::from_secs(30),
-            handler_timeout: None,
+            handler_timeout: Some(Duration::from_secs(300)),
             unknown_events: UnknownEvents::default(),
         }
     }
@@ -87,8 +88,8 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_the_cap() {
         let backoff = Backoff { jitter: false, ..Backoff::default() };
-        let secs: Vec<u64> = (0..12).map(|n| backoff.delay(n).as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+        let secs: Vec<u64> = (1..12).map(|n| backoff.delay(n).as_secs()).collect();
+        assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
         assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(600));
     }
 

@@ -10,6 +10,7 @@ mod config;
 mod context;
 mod deliver;
 mod handler;
+mod held;
 mod listener;
 mod metrics;
 
@@ -19,16 +20,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::store::{self, LeaseFilter, LeaseRequest, LeasedEvent};
-use acker::{Ack, Acker, Held, Outcome};
+use acker::{Ack, Acker, Outcome};
 use config::RelayConfig;
 use deliver::Delivery;
 use handler::Route;
+use held::Held;
 
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, UnknownEvents};
@@ -78,44 +81,51 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// # Ok(()) }
     /// ```
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<RelayCounts, Error> {
+        let config = &self.config;
+        // The relay's own statements get connections of their own, so a pool busy with
+        // handlers (or starved by them) cannot delay a lease renewal past its deadline.
+        let own_pool = |connections| {
+            PgPoolOptions::new()
+                .max_connections(connections)
+                .connect_lazy_with((*self.pool.connect_options()).clone())
+        };
+        let (relay_pool, listen_pool) = (own_pool(3), own_pool(1));
         let wake = Arc::new(Notify::new());
         let held = Held::default();
         let (acks, acks_rx) = mpsc::unbounded_channel();
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
-        let listener = AbortOnDrop(tokio::spawn(listener::listen(self.pool.clone(), wake.clone())));
-        let renewer = AbortOnDrop(tokio::spawn(acker::renew_leases(
-            self.pool.clone(),
+        let listener = AbortOnDrop(tokio::spawn(listener::listen(listen_pool, wake.clone())));
+        let renewer = AbortOnDrop(tokio::spawn(held::renew_leases(
+            relay_pool.clone(),
             held.clone(),
-            self.config.lease_timeout,
+            config.lease_timeout,
         )));
         let mut acker = AbortOnDrop(tokio::spawn(
             Acker {
-                pool: self.pool.clone(),
+                pool: relay_pool.clone(),
                 held: held.clone(),
                 metrics: self.metrics.clone(),
-                backoff: self.config.backoff,
-                max_attempts: self.config.max_attempts as i32,
-                lease_timeout: self.config.lease_timeout,
+                backoff: config.backoff,
+                max_attempts: config.max_attempts as i32,
+                lease_timeout: config.lease_timeout,
             }
             .run(acks_rx),
         ));
 
         let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
-        let result = self.work(&mut work, &wake, shutdown).await;
+        let result = self.work(&relay_pool, &mut work, &wake, shutdown).await;
         drop(listener);
 
         // Graceful shutdown.
         let Work { queue, mut tasks, acks, .. } = work;
         for row in queue {
-            let _ = acks.send(Ack {
-                event_id: row.event_id,
-                token: row.lease_token,
-                outcome: Outcome::Released,
-            });
+            let released =
+                Ack { event_id: row.event_id, token: row.lease_token, outcome: Outcome::Released };
+            let _ = acks.send(released);
         }
         let finished = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(self.config.shutdown_timeout, finished).await.is_err() {
+        if tokio::time::timeout(config.shutdown_timeout, finished).await.is_err() {
             tracing::warn!(
                 cancelled = tasks.len(),
                 "outbox handlers still running at the shutdown timeout; cancelling them"
@@ -124,15 +134,21 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         }
         drop(renewer);
         drop(acks);
-        if let Err(error) = (&mut acker.0).await {
-            tracing::error!(%error, "outbox acknowledger failed");
+        // With the database away the last acknowledgements could retry for a lease timeout;
+        // shutdown gives up sooner, and those rows are delivered again after their leases.
+        match tokio::time::timeout(config.shutdown_timeout, &mut acker.0).await {
+            Ok(Err(error)) => tracing::error!(%error, "outbox acknowledger failed"),
+            Err(_) => tracing::warn!("outbox acknowledgements unfinished at the shutdown timeout"),
+            Ok(Ok(())) => {}
         }
+        relay_pool.close().await;
         result.map(|()| self.metrics.counts())
     }
 
     /// Leases and starts deliveries until `shutdown`; returns early only on a fatal error.
     async fn work(
         &self,
+        pool: &PgPool,
         work: &mut Work,
         wake: &Notify,
         shutdown: impl Future<Output = ()>,
@@ -156,7 +172,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 self.start(work, row);
                 continue;
             }
-            match self.lease(&work.held).await {
+            match self.lease(pool, &work.held).await {
                 Ok((rows, full)) => {
                     retry = config.poll_interval;
                     work.queue.extend(rows);
@@ -179,14 +195,18 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                         () = &mut shutdown => return Ok(()),
                         () = tokio::time::sleep(retry) => {}
                     }
-                    retry = (retry * 2).min(Duration::from_secs(30));
+                    retry = retry.saturating_mul(2).min(Duration::from_secs(30));
                 }
             }
         }
     }
 
     /// Leases one batch; returns the deliverable rows and whether the batch was full.
-    async fn lease(&self, held: &Held) -> Result<(Vec<LeasedEvent>, bool), sqlx::Error> {
+    async fn lease(
+        &self,
+        pool: &PgPool,
+        held: &Held,
+    ) -> Result<(Vec<LeasedEvent>, bool), sqlx::Error> {
         let config = &self.config;
         let filter = match config.unknown_events {
             UnknownEvents::LeaveForOthers => {
@@ -194,8 +214,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             }
             UnknownEvents::Fail => LeaseFilter::All,
         };
+        let leased_at = tokio::time::Instant::now();
         let rows = store::lease(
-            &self.pool,
+            pool,
             LeaseRequest {
                 limit: i64::from(config.batch_size),
                 lease_timeout: config.lease_timeout,
@@ -211,13 +232,18 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             tracing::warn!(?dead, "outbox events whose last lease expired are now dead");
             self.metrics.add_dead(dead.len());
         }
-        for row in &live {
-            held.insert(row.event_id, row.lease_token);
-        }
-        Ok((live, full))
+        // A row already held is already being delivered here; see `Held::lease`.
+        let live =
+            live.into_iter().filter(|row| held.lease(row.event_id, row.lease_token, leased_at));
+        Ok((live.collect(), full))
     }
 
     fn start(&self, work: &mut Work, row: LeasedEvent) {
+        if !work.held.is_valid(row.event_id, self.config.lease_timeout) {
+            // The lease ran out while the row waited (renewals failed): it is not ours to run.
+            return;
+        }
+        let event_id = row.event_id;
         let route =
             self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str())).cloned();
         let delivery = Delivery {
@@ -227,7 +253,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             handler_timeout: self.config.handler_timeout,
             acks: work.acks.clone(),
         };
-        work.tasks.spawn(delivery.run());
+        let running = work.tasks.spawn(delivery.run());
+        work.held.started(event_id, running);
     }
 }
 
