@@ -259,6 +259,37 @@ async fn outbox_migrations_coexist_with_the_applications_own(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn outbox_migrations_can_join_the_applications_own_history(pool: PgPool) {
+    let app = sqlx::migrate!("fixtures/app_migrations");
+    let combined = outbox_runtime::with_outbox_migrations(&app).await.unwrap();
+    combined.run(&pool).await.unwrap();
+    combined.run(&pool).await.expect("running again is a no-op");
+
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM public._sqlx_migrations ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(versions.len(), 2, "one history holds the app's and the outbox's: {versions:?}");
+    let outbox_history: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('outbox._sqlx_migrations')::text")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(outbox_history, None, "no second history");
+
+    // The schema is complete: events can be emitted.
+    let mut tx = pool.begin().await.unwrap();
+    emit(&mut tx, &placed(1)).await.unwrap();
+    sqlx::query("INSERT INTO orders (id, state) VALUES ($1, 'placed')")
+        .bind(Uuid::now_v7())
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[sqlx::test(migrations = false)]
 async fn emit_without_the_schema_is_a_database_error(pool: PgPool) {
     let mut tx = pool.begin().await.unwrap();
     let err = emit(&mut tx, &placed(1)).await.unwrap_err();

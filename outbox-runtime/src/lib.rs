@@ -13,7 +13,7 @@ mod store;
 pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
 pub use error::{BoxError, Error, InvalidEvent};
 pub use event::OutboxEvent;
-pub use migrate::migrate;
+pub use migrate::{migrate, with_outbox_migrations};
 pub use relay::{
     Backoff, BuildError, EventContext, Handler, HandlerFuture, Relay, RelayBuilder, RelayCounts,
     RelayMetrics, UnknownEvents,
