@@ -18,10 +18,14 @@ CREATE TABLE outbox.events (
     last_error     text,
     published_at   timestamptz,
 
-    -- Insertion order: ties on available_at, and per-aggregate ordering.
+    -- Insertion order: ties on available_at, and the delivery order of ordered events. An
+    -- ordered emit locks its aggregate before taking a number, so per aggregate it is also
+    -- commit order.
     seq            bigint      GENERATED ALWAYS AS IDENTITY,
-    -- The inserting transaction, so ordered delivery can wait for earlier transactions to end.
-    tx_id          xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    -- Delivered one at a time per aggregate, in `seq` order.
+    ordered        boolean     NOT NULL DEFAULT false,
+    -- A producer's key for the command behind the event: one event per key and aggregate type.
+    idempotency_key text,
     -- Fencing token of the current lease: acknowledgements must present it.
     lease_token    uuid,
     -- Set when the row exhausted its attempts (a dead letter); never leased again.
@@ -38,6 +42,13 @@ CREATE INDEX events_pending ON outbox.events (available_at, seq)
 
 CREATE INDEX events_dead ON outbox.events (dead_at)
     WHERE dead_at IS NOT NULL;
+
+-- Finds whether an ordered event has an undelivered predecessor in its aggregate.
+CREATE INDEX events_ordered_undelivered ON outbox.events (aggregate_type, aggregate_id, seq)
+    WHERE ordered AND published_at IS NULL;
+
+CREATE UNIQUE INDEX events_idempotency_key ON outbox.events (aggregate_type, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 
 -- Wake relays as soon as events commit: NOTIFY is delivered at commit, once per transaction.
 CREATE FUNCTION outbox.notify_relays() RETURNS trigger LANGUAGE plpgsql AS $$

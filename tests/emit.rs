@@ -18,16 +18,12 @@ async fn committed_emit_writes_one_row_with_every_column(pool: PgPool) {
     let event = placed(1250);
     let mut tx = pool.begin().await.unwrap();
     let event_id = emit(&mut tx, &event).await.unwrap();
-    let tx_id: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::bigint")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
     tx.commit().await.unwrap();
 
     let rows = sqlx::query(
         "SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, \
-                available_at, attempts, last_error, published_at, seq, tx_id::text::bigint AS tx_id, \
-                lease_token, dead_at, created_at = now() AS created_now \
+                available_at, attempts, last_error, published_at, seq, ordered, idempotency_key, \
+                lease_token, dead_at \
          FROM outbox.events",
     )
     .fetch_all(&pool)
@@ -51,7 +47,8 @@ async fn committed_emit_writes_one_row_with_every_column(pool: PgPool) {
     assert_eq!(row.get::<i32, _>("attempts"), 0);
     assert_eq!(row.get::<Option<String>, _>("last_error"), None);
     assert_eq!(row.get::<Option<DateTime<Utc>>, _>("published_at"), None);
-    assert_eq!(row.get::<i64, _>("tx_id"), tx_id, "tx_id is the emitting transaction");
+    assert!(!row.get::<bool, _>("ordered"), "OrderPlaced is not an ordered event type");
+    assert_eq!(row.get::<Option<String>, _>("idempotency_key"), None);
     assert_eq!(row.get::<Option<Uuid>, _>("lease_token"), None);
     assert_eq!(row.get::<Option<DateTime<Utc>>, _>("dead_at"), None);
 

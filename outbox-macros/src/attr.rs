@@ -10,7 +10,9 @@ use syn::{Attribute, Ident, LitStr, Meta, Token};
 
 use crate::ctxt::Ctxt;
 use crate::name;
-use crate::symbol::{AGGREGATE, CONTAINER_KEYS, CRATE, EVENT_TYPE, FIELD_KEYS, ID, OUTBOX};
+use crate::symbol::{
+    AGGREGATE, CONTAINER_KEYS, CRATE, EVENT_TYPE, FIELD_KEYS, ID, ORDERED, OUTBOX,
+};
 
 /// `#[outbox(...)]` on the struct.
 #[derive(Default)]
@@ -21,6 +23,8 @@ pub struct Container {
     pub event_type: Value<LitStr>,
     /// `crate = "..."`, parsed as a path whose tokens carry the literal's span.
     pub krate: Value<syn::Path>,
+    /// The `ordered` flag.
+    pub ordered: bool,
     /// Some `#[outbox]` attribute could not be read to its end (already reported), so a key
     /// may be there unseen: "missing key" errors would be guesses.
     pub incomplete: bool,
@@ -81,6 +85,16 @@ impl Container {
                 seen.check(cx, key);
                 let path = string_value(cx, &meta, CRATE)?.and_then(|lit| crate_path(cx, &lit));
                 out.krate.set(path);
+            } else if key == ORDERED {
+                seen.check(cx, key);
+                if !at_end(meta.input) {
+                    let value = skip_value(meta.input)?;
+                    cx.error_spanned_by(
+                        value,
+                        "`ordered` takes no value: write `#[outbox(ordered)]`",
+                    );
+                }
+                out.ordered = true;
             } else {
                 // A misspelled key counts as that key given badly: no "missing" error on top.
                 match unknown_key(cx, &meta, KeyPlace::Container)? {

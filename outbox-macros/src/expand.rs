@@ -7,7 +7,7 @@ use syn::{GenericParam, Generics, Type, WherePredicate};
 use crate::valid::Event;
 
 pub fn expand(event: &Event) -> TokenStream {
-    let Event { ident, generics, aggregate, event_type, id, krate } = event;
+    let Event { ident, generics, aggregate, event_type, id, krate, ordered } = event;
     let krate = runtime_path(*krate);
     let (impl_generics, ty_generics, _) = generics.split_for_impl();
     let user_bounds = user_bounds(generics);
@@ -35,6 +35,7 @@ pub fn expand(event: &Event) -> TokenStream {
             {
                 const AGGREGATE_TYPE: &'static str = #aggregate;
                 const EVENT_TYPE: &'static str = #event_type;
+                const ORDERED: bool = #ordered;
 
                 #[inline]
                 fn aggregate_id(&self) -> ::std::string::String {

@@ -16,6 +16,7 @@ pub struct Event<'a> {
     pub id: &'a Field<'a>,
     /// `None`: the default `::outbox_runtime`.
     pub krate: Option<&'a syn::Path>,
+    pub ordered: bool,
 }
 
 /// Checks `input`, recording every violation. `None` only if something was recorded.
@@ -65,6 +66,7 @@ pub fn check<'a>(cx: &Ctxt, input: &'a Input<'a>) -> Option<Event<'a>> {
         event_type: given(&attrs.event_type)?,
         id: id?,
         krate: krate?,
+        ordered: attrs.ordered,
     })
 }
 

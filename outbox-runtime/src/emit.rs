@@ -61,6 +61,8 @@ pub async fn emit_all<'e, E: OutboxEvent + 'e>(
 }
 
 /// [`emit_all`] with the same headers and delay applied to every event.
+///
+/// An idempotency key applies to one event: with a key, `events` must hold exactly one.
 pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     tx: &mut Transaction<'_, Postgres>,
     events: impl IntoIterator<Item = &'e E>,
@@ -68,6 +70,9 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
 ) -> Result<Vec<Uuid>, Error> {
     let invalid = |reason| Error::InvalidEvent { event_type: E::EVENT_TYPE, reason };
     let headers = json::to_json(&options.headers).map_err(invalid)?;
+    if options.idempotency_key.as_deref().is_some_and(|key| key.contains('\0')) {
+        return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
+    }
 
     let mut rows = store::NewEvents::default();
     for event in events {
@@ -78,12 +83,30 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
         let payload = json::to_json(event).map_err(invalid)?;
         rows.push(Uuid::now_v7(), aggregate_id, payload);
     }
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    match (rows.len(), &options.idempotency_key) {
+        (0, _) => return Ok(Vec::new()),
+        (1, _) | (_, None) => {}
+        (_, Some(_)) => return Err(invalid(InvalidEvent::KeyedBatch)),
     }
-    store::insert_events(tx, E::AGGREGATE_TYPE, E::EVENT_TYPE, &headers, options.available, &rows)
-        .await?;
-    Ok(rows.event_ids)
+
+    let shared = store::InsertShared {
+        aggregate_type: E::AGGREGATE_TYPE,
+        event_type: E::EVENT_TYPE,
+        ordered: E::ORDERED,
+        headers: &headers,
+        available: options.available,
+        idempotency_key: options.idempotency_key.as_deref(),
+    };
+    let inserted = store::insert_events(tx, shared, &rows).await?;
+    match options.idempotency_key {
+        // The key was stored already (by an earlier emit, or a concurrent one that committed
+        // while this insert waited on it): that event stands for this one.
+        Some(key) if inserted.is_empty() => {
+            let first = store::event_for_key(tx, E::AGGREGATE_TYPE, &key).await?;
+            Ok(first.into_iter().collect())
+        }
+        _ => Ok(rows.event_ids),
+    }
 }
 
 /// Per-emit settings: correlation headers and when the event becomes deliverable.
@@ -101,6 +124,7 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
 pub struct EmitOptions {
     headers: Map<String, Value>,
     available: Available,
+    idempotency_key: Option<String>,
 }
 
 /// When an emitted event becomes deliverable.
@@ -137,6 +161,17 @@ impl EmitOptions {
     /// Makes the event deliverable no earlier than `at`.
     pub fn available_at(mut self, at: DateTime<Utc>) -> Self {
         self.available = Available::At(at);
+        self
+    }
+
+    /// Makes the emit idempotent: if an event of the same aggregate type was already stored
+    /// under `key` (a retried request, a replayed command), nothing is written and the first
+    /// event's id is returned. Two transactions racing on one key end with one event: the
+    /// second waits for the first to commit or roll back.
+    ///
+    /// Keys are scoped per aggregate type and live as long as the event's row.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 }

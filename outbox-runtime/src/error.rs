@@ -41,6 +41,9 @@ pub enum InvalidEvent {
     /// PostgreSQL `text` and `jsonb` cannot store.
     #[error("{0} holds a NUL character, which PostgreSQL cannot store")]
     NulCharacter(&'static str),
+    /// An idempotency key was given for a batch of several events; a key names one event.
+    #[error("an idempotency key names one event, but the batch holds several")]
+    KeyedBatch,
 }
 
 /// A boxed error, as handlers return.

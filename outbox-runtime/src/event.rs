@@ -32,6 +32,8 @@ use serde::Serialize;
 ///   `aggregate_type`.
 /// - `event_type = "..."` (required): what happened, stored as `event_type`; together with the
 ///   aggregate it routes a stored event back to its handler.
+/// - `ordered` (optional flag): events of one aggregate are delivered one at a time, in the
+///   order they were emitted (see [`ORDERED`](OutboxEvent::ORDERED)).
 /// - `crate = "..."` (optional): the path of this crate when it is renamed in `Cargo.toml`.
 ///
 /// Both names follow one grammar: a lowercase ASCII letter, then lowercase letters, digits,
@@ -52,6 +54,17 @@ pub trait OutboxEvent: Serialize + DeserializeOwned {
     const AGGREGATE_TYPE: &'static str;
     /// The event type, stored in the `event_type` column.
     const EVENT_TYPE: &'static str;
+
+    /// Whether events of this type are delivered in order per aggregate: an event is handed to
+    /// its handler only once every ordered event emitted before it for the same aggregate (same
+    /// aggregate type and id) is published, across all relays, retries and lease expiries.
+    ///
+    /// To make that order gap-free, emitting an ordered event takes a transaction-scoped lock on
+    /// its aggregate: a transaction emitting for an aggregate waits until any other transaction
+    /// that emitted for it ends, as it would if both updated the aggregate's row. Emit order is
+    /// therefore commit order, and no earlier event of the aggregate can appear after a later
+    /// one is visible. Unordered types take no lock and are delivered in parallel.
+    const ORDERED: bool = false;
 
     /// The id of the aggregate this event belongs to, stored in the `aggregate_id` column.
     fn aggregate_id(&self) -> String;

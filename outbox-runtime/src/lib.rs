@@ -15,8 +15,9 @@ pub use error::{BoxError, Error, InvalidEvent};
 pub use event::OutboxEvent;
 pub use migrate::{migrate, with_outbox_migrations};
 pub use relay::{
-    Backoff, BuildError, EventContext, Handler, HandlerFuture, Relay, RelayBuilder, RelayCounts,
-    RelayMetrics, UnknownEvents,
+    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerFuture, Relay,
+    RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, TransactionalHandler,
+    UnknownEvents,
 };
 pub use stats::{stats, OutboxStats};
 

@@ -40,44 +40,84 @@ impl NewEvents {
         self.payloads.push(payload);
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.event_ids.is_empty()
+    pub(crate) fn len(&self) -> usize {
+        self.event_ids.len()
     }
 }
 
+/// What one insert statement shares across its rows.
+pub(crate) struct InsertShared<'a> {
+    pub(crate) aggregate_type: &'static str,
+    pub(crate) event_type: &'static str,
+    pub(crate) ordered: bool,
+    pub(crate) headers: &'a str,
+    pub(crate) available: Available,
+    pub(crate) idempotency_key: Option<&'a str>,
+}
+
+/// Inserts the rows; returns the ids actually inserted (an idempotency key already stored
+/// inserts nothing).
+///
+/// For ordered events it first takes a transaction-scoped advisory lock per aggregate, in key
+/// order (so two batches cannot deadlock each other), and only then lets rows draw their `seq`:
+/// the uncorrelated subquery in WHERE is a one-time filter, evaluated before any row is made.
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
-    aggregate_type: &str,
-    event_type: &str,
-    headers: &str,
-    available: Available,
+    shared: InsertShared<'_>,
     rows: &NewEvents,
-) -> Result<(), sqlx::Error> {
-    let (at, delay) = match available {
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let (at, delay) = match shared.available {
         Available::Now => (None, Duration::ZERO),
         Available::After(delay) => (None, delay),
         Available::At(at) => (Some(at), Duration::ZERO),
     };
-    sqlx::query(
-        "INSERT INTO outbox.events \
-             (event_id, aggregate_type, aggregate_id, event_type, payload, headers, available_at) \
+    sqlx::query_scalar(
+        "WITH locked AS ( \
+             SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
+                 SELECT DISTINCT hashtextextended($1 || '/' || a, 0) AS k \
+                 FROM UNNEST($7::text[]) AS a WHERE $9 ORDER BY 1 \
+             ) AS keys \
+         ) \
+         INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    headers, available_at, ordered, idempotency_key) \
          SELECT e.event_id, $1, e.aggregate_id, $2, e.payload::jsonb, $3::jsonb, \
-                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond') \
+                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond'), \
+                $9, $10 \
          FROM UNNEST($6::uuid[], $7::text[], $8::text[]) WITH ORDINALITY \
               AS e(event_id, aggregate_id, payload, ord) \
-         ORDER BY e.ord",
+         WHERE (SELECT n FROM locked) >= 0 \
+         ORDER BY e.ord \
+         ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
+         DO NOTHING \
+         RETURNING event_id",
     )
-    .bind(aggregate_type)
-    .bind(event_type)
-    .bind(headers)
+    .bind(shared.aggregate_type)
+    .bind(shared.event_type)
+    .bind(shared.headers)
     .bind(at)
     .bind(micros(delay))
     .bind(&rows.event_ids)
     .bind(&rows.aggregate_ids)
     .bind(&rows.payloads)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .bind(shared.ordered)
+    .bind(shared.idempotency_key)
+    .fetch_all(conn)
+    .await
+}
+
+/// The event stored earlier under an idempotency key.
+pub(crate) async fn event_for_key(
+    conn: &mut PgConnection,
+    aggregate_type: &str,
+    idempotency_key: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT event_id FROM outbox.events WHERE aggregate_type = $1 AND idempotency_key = $2",
+    )
+    .bind(aggregate_type)
+    .bind(idempotency_key)
+    .fetch_optional(conn)
+    .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -114,6 +154,8 @@ pub(crate) struct LeaseRequest<'a> {
     pub(crate) limit: i64,
     pub(crate) lease_timeout: Duration,
     pub(crate) max_attempts: i32,
+    /// Whether a dead ordered event lets the later ones of its aggregate through.
+    pub(crate) skip_dead_ordered: bool,
     pub(crate) filter: LeaseFilter<'a>,
 }
 
@@ -123,10 +165,10 @@ pub(crate) struct LeaseRequest<'a> {
 /// other relay after this statement commits, until the lease expires. Leasing a row whose
 /// previous lease expired counts that expiry as an attempt, and kills the row if it was the last.
 macro_rules! lease_sql {
-    ($candidates:literal) => {
+    ($($candidates:expr),+) => {
         concat!(
             "WITH candidates AS (",
-            $candidates,
+            $($candidates,)+
             ") \
              UPDATE outbox.events e \
              SET lease_token  = $2, \
@@ -145,17 +187,34 @@ macro_rules! lease_sql {
     };
 }
 
+/// The condition that keeps an ordered row `r` back while an earlier ordered event of its
+/// aggregate is undelivered (leased, failing, delayed, or dead unless `$5` skips dead ones).
+/// Gap-free because an ordered emit locks its aggregate before drawing `seq`: every earlier
+/// event of the aggregate was committed, and so is visible here, before `r` could exist.
+macro_rules! first_in_aggregate {
+    () => {
+        "(NOT r.ordered OR NOT EXISTS ( \
+             SELECT 1 FROM outbox.events p \
+             WHERE p.ordered AND p.published_at IS NULL \
+               AND p.aggregate_type = r.aggregate_type AND p.aggregate_id = r.aggregate_id \
+               AND p.seq < r.seq AND (p.dead_at IS NULL OR NOT $5)))"
+    };
+}
+
 /// Leases the oldest available rows of the handled types: one short scan of the
 /// `events_pending_by_type` index per type, so rows of types this relay does not handle cost
 /// nothing however many pile up.
 const LEASE_HANDLED: &str = lease_sql!(
     "SELECT c.event_id \
-     FROM UNNEST($5::text[], $6::text[]) AS h(aggregate_type, event_type) \
+     FROM UNNEST($6::text[], $7::text[]) AS h(aggregate_type, event_type) \
      CROSS JOIN LATERAL ( \
-         SELECT event_id, available_at, seq FROM outbox.events \
-         WHERE aggregate_type = h.aggregate_type AND event_type = h.event_type \
-           AND published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
-         ORDER BY available_at, seq \
+         SELECT r.event_id, r.available_at, r.seq FROM outbox.events r \
+         WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
+           AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
+           AND ",
+    first_in_aggregate!(),
+    " \
+         ORDER BY r.available_at, r.seq \
          LIMIT $1 \
          FOR UPDATE SKIP LOCKED \
      ) c \
@@ -165,9 +224,12 @@ const LEASE_HANDLED: &str = lease_sql!(
 
 /// Leases the oldest available rows of any type.
 const LEASE_ANY: &str = lease_sql!(
-    "SELECT event_id FROM outbox.events \
-     WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
-     ORDER BY available_at, seq \
+    "SELECT r.event_id FROM outbox.events r \
+     WHERE r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
+       AND ",
+    first_in_aggregate!(),
+    " \
+     ORDER BY r.available_at, r.seq \
      LIMIT $1 \
      FOR UPDATE SKIP LOCKED"
 );
@@ -186,7 +248,8 @@ pub(crate) async fn lease(
         .bind(request.limit)
         .bind(token)
         .bind(micros(request.lease_timeout))
-        .bind(request.max_attempts);
+        .bind(request.max_attempts)
+        .bind(request.skip_dead_ordered);
     if let LeaseFilter::Only { aggregate_types, event_types } = request.filter {
         query = query.bind(aggregate_types).bind(event_types);
     }
@@ -212,7 +275,7 @@ pub(crate) async fn lease(
 /// Marks delivered rows published. Returns the ids whose lease was still valid; the others
 /// were re-leased by another relay after this one's lease expired, and are left untouched.
 pub(crate) async fn publish(
-    pool: &PgPool,
+    executor: impl sqlx::PgExecutor<'_>,
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
@@ -225,7 +288,7 @@ pub(crate) async fn publish(
     )
     .bind(ids)
     .bind(tokens)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await
 }
 

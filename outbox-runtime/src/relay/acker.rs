@@ -22,6 +22,10 @@ pub(crate) enum Outcome {
     },
     /// Not delivered and not the row's fault: hand it back without counting an attempt.
     Released,
+    /// Delivered and published by the handler's own transaction: only counted here.
+    Published,
+    /// A transactional handler's acknowledgement was refused: the lease was taken over.
+    LeaseLost,
 }
 
 /// The outcome of one leased row, fenced by the lease's token.
@@ -74,6 +78,8 @@ impl Acker {
         let mut failures = Failures::default();
         for ack in batch {
             match &ack.outcome {
+                Outcome::Published => self.metrics.add_delivered(1),
+                Outcome::LeaseLost => self.count_lost(1, "published"),
                 Outcome::Delivered => published.push(ack),
                 Outcome::Released => released.push(ack),
                 Outcome::Failed { error, earlier_failures } => failures.push(

@@ -7,8 +7,9 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::event::OutboxEvent;
-use crate::relay::config::{Backoff, RelayConfig, UnknownEvents};
+use crate::relay::config::{Backoff, DeadOrderedEvents, RelayConfig, UnknownEvents};
 use crate::relay::handler::{Handler, Route, Stateless, TypedRoute};
+use crate::relay::transactional::{TransactionalHandler, TransactionalRoute};
 use crate::relay::{Relay, Routes};
 
 /// Builds a [`Relay`]; start with [`Relay::builder`].
@@ -101,16 +102,30 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// let relay = Relay::builder(pool).handler(on_placed).build()?;
     /// # Ok(()) }
     /// ```
-    pub fn handler<E, H>(mut self, handler: H) -> Self
+    pub fn handler<E, H>(self, handler: H) -> Self
     where
         E: OutboxEvent + Send + 'static,
         H: Handler<E, S>,
     {
+        self.route::<E>(Box::new(TypedRoute::<H, E>::new(handler)))
+    }
+
+    /// Registers a [`TransactionalHandler`]: its writes and the event's acknowledgement
+    /// commit together in one transaction on the builder's pool, so they happen exactly once.
+    pub fn transactional_handler<E, H>(self, handler: H) -> Self
+    where
+        E: OutboxEvent + Send + 'static,
+        H: TransactionalHandler<E, S>,
+    {
+        self.route::<E>(Box::new(TransactionalRoute(TypedRoute::<H, E>::new(handler))))
+    }
+
+    fn route<E: OutboxEvent>(mut self, route: Box<dyn Route<S>>) -> Self {
         self.handlers.push(Registered {
             aggregate_type: E::AGGREGATE_TYPE,
             event_type: E::EVENT_TYPE,
             event_name: std::any::type_name::<E>(),
-            route: Box::new(TypedRoute::<H, E>::new(handler)),
+            route,
         });
         self
     }
@@ -172,6 +187,13 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// What to do with rows no handler takes. Default [`UnknownEvents::LeaveForOthers`].
     pub fn unknown_events(mut self, policy: UnknownEvents) -> Self {
         self.config.unknown_events = policy;
+        self
+    }
+
+    /// What a dead ordered event does to the later events of its aggregate.
+    /// Default [`DeadOrderedEvents::BlockAggregate`].
+    pub fn dead_ordered_events(mut self, policy: DeadOrderedEvents) -> Self {
+        self.config.dead_ordered_events = policy;
         self
     }
 

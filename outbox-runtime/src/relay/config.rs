@@ -51,6 +51,18 @@ pub enum UnknownEvents {
     Fail,
 }
 
+/// What a dead ordered event does to the events after it in its aggregate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadOrderedEvents {
+    /// The aggregate stays blocked until an operator requeues or discards the dead event: order
+    /// is never broken. The blocked events show as pending, and in the lag.
+    #[default]
+    BlockAggregate,
+    /// Later events of the aggregate are delivered as if the dead event were published.
+    SkipPast,
+}
+
 /// Relay settings; every field has a documented default.
 #[derive(Debug, Clone)]
 pub(crate) struct RelayConfig {
@@ -63,6 +75,7 @@ pub(crate) struct RelayConfig {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) unknown_events: UnknownEvents,
+    pub(crate) dead_ordered_events: DeadOrderedEvents,
 }
 
 impl Default for RelayConfig {
@@ -77,6 +90,7 @@ impl Default for RelayConfig {
             shutdown_timeout: Duration::from_secs(30),
             handler_timeout: Some(Duration::from_secs(300)),
             unknown_events: UnknownEvents::default(),
+            dead_ordered_events: DeadOrderedEvents::default(),
         }
     }
 }

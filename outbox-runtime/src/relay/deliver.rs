@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
 use crate::relay::acker::{Ack, Outcome};
-use crate::relay::handler::{Route, RowMeta};
+use crate::relay::handler::{Lease, Route, RowMeta, Settled};
+use crate::relay::held::Held;
 use crate::store::LeasedEvent;
 
 /// Longest error text kept in `last_error`.
@@ -21,13 +23,16 @@ pub(crate) struct Delivery<S> {
     pub(crate) route: Option<Arc<dyn Route<S>>>,
     pub(crate) state: S,
     pub(crate) row: LeasedEvent,
+    /// The builder's pool, for transactional handlers.
+    pub(crate) pool: PgPool,
+    pub(crate) held: Held,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) acks: UnboundedSender<Ack>,
 }
 
 impl<S> Delivery<S> {
     pub(crate) async fn run(self) {
-        let Delivery { route, state, row, handler_timeout, acks } = self;
+        let Delivery { route, state, row, pool, held, handler_timeout, acks } = self;
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         let span = tracing::info_span!(
             "outbox.deliver",
@@ -53,7 +58,9 @@ impl<S> Delivery<S> {
                 attempt: earlier_failures + 1,
                 created_at: row.created_at,
             };
-            let handling = catch_unwind(AssertUnwindSafe(|| route.call(state, meta, &row.payload)))
+            let lease = Lease { pool, event_id: row.event_id, held, token: row.lease_token };
+            let call = || route.call(state, meta, &row.payload, lease);
+            let handling = catch_unwind(AssertUnwindSafe(call))
                 .map_err(panic_message)?
                 .map_err(|decode| decode.to_string())?;
             let handling = AssertUnwindSafe(handling).catch_unwind();
@@ -70,10 +77,17 @@ impl<S> Delivery<S> {
 
         let _entered = span.enter();
         let outcome = match result {
-            Ok(()) => {
+            Ok(Settled::Handled) => {
                 tracing::debug!("outbox event delivered");
                 Outcome::Delivered
             }
+            Ok(Settled::Published) => {
+                tracing::debug!(
+                    "outbox event delivered and published in the handler's transaction"
+                );
+                Outcome::Published
+            }
+            Ok(Settled::LeaseLost) => Outcome::LeaseLost,
             Err(error) => {
                 tracing::warn!(%error, "outbox event delivery failed");
                 Outcome::Failed { error: clean_error(error), earlier_failures }

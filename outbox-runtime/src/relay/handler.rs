@@ -2,6 +2,7 @@
 
 use std::any::type_name;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
@@ -10,6 +11,7 @@ use uuid::Uuid;
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
 use crate::relay::context::EventContext;
+use crate::relay::held::Held;
 
 /// A boxed handler future.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'static>>;
@@ -60,20 +62,55 @@ pub(crate) struct DecodeError {
     source: serde_json::Error,
 }
 
+/// How a delivery that did not fail ended.
+pub(crate) enum Settled {
+    /// The handler succeeded; the acknowledger publishes the row.
+    Handled,
+    /// The handler's transaction published the row itself.
+    Published,
+    /// The handler's transaction found the lease taken over and rolled back.
+    LeaseLost,
+}
+
+pub(crate) type RouteFuture =
+    Pin<Box<dyn Future<Output = Result<Settled, BoxError>> + Send + 'static>>;
+
+/// The lease a delivery runs under, for routes that acknowledge in their own transaction.
+pub(crate) struct Lease {
+    /// The pool handed to the builder: handler transactions run there.
+    pub(crate) pool: sqlx::PgPool,
+    pub(crate) event_id: Uuid,
+    pub(crate) held: Held,
+    /// The token the row was leased with; `held` has the current one if it was re-leased.
+    pub(crate) token: Uuid,
+}
+
 /// The type-erased form of a handler: decode, then call.
 pub(crate) trait Route<S>: Send + Sync {
-    fn call(&self, state: S, meta: RowMeta, payload: &str) -> Result<HandlerFuture, DecodeError>;
+    fn call(
+        &self,
+        state: S,
+        meta: RowMeta,
+        payload: &str,
+        lease: Lease,
+    ) -> Result<RouteFuture, DecodeError>;
+}
+
+/// Decodes a payload into the handler's event type.
+pub(crate) fn decode<E: OutboxEvent>(payload: &str) -> Result<E, DecodeError> {
+    serde_json::from_str(payload)
+        .map_err(|source| DecodeError { type_name: type_name::<E>(), source })
 }
 
 /// A typed handler and the event type it takes, erased behind [`Route`].
 pub(crate) struct TypedRoute<H, E> {
-    handler: H,
-    _event: std::marker::PhantomData<fn() -> E>,
+    pub(crate) handler: H,
+    pub(crate) _event: PhantomData<fn() -> E>,
 }
 
 impl<H, E> TypedRoute<H, E> {
     pub(crate) fn new(handler: H) -> Self {
-        Self { handler, _event: std::marker::PhantomData }
+        Self { handler, _event: PhantomData }
     }
 }
 
@@ -83,10 +120,15 @@ where
     E: OutboxEvent,
     S: Send + 'static,
 {
-    fn call(&self, state: S, meta: RowMeta, payload: &str) -> Result<HandlerFuture, DecodeError> {
-        let event: E = serde_json::from_str(payload)
-            .map_err(|source| DecodeError { type_name: type_name::<E>(), source })?;
-        Ok(self.handler.call(EventContext::new(state, meta), event))
+    fn call(
+        &self,
+        state: S,
+        meta: RowMeta,
+        payload: &str,
+        _: Lease,
+    ) -> Result<RouteFuture, DecodeError> {
+        let handling = self.handler.call(EventContext::new(state, meta), decode(payload)?);
+        Ok(Box::pin(async move { handling.await.map(|()| Settled::Handled) }))
     }
 }
 
@@ -94,7 +136,13 @@ where
 pub(crate) struct Stateless(pub(crate) Box<dyn Route<()>>);
 
 impl<S> Route<S> for Stateless {
-    fn call(&self, _state: S, meta: RowMeta, payload: &str) -> Result<HandlerFuture, DecodeError> {
-        self.0.call((), meta, payload)
+    fn call(
+        &self,
+        _state: S,
+        meta: RowMeta,
+        payload: &str,
+        lease: Lease,
+    ) -> Result<RouteFuture, DecodeError> {
+        self.0.call((), meta, payload, lease)
     }
 }

@@ -13,6 +13,7 @@ mod handler;
 mod held;
 mod listener;
 mod metrics;
+mod transactional;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -34,10 +35,11 @@ use handler::Route;
 use held::Held;
 
 pub use builder::{BuildError, RelayBuilder};
-pub use config::{Backoff, UnknownEvents};
+pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
 pub use context::EventContext;
 pub use handler::{Handler, HandlerFuture};
 pub use metrics::{RelayCounts, RelayMetrics};
+pub use transactional::{TransactionContext, TransactionalHandler};
 
 type Routes<S> = HashMap<(&'static str, &'static str), Arc<dyn Route<S>>>;
 
@@ -221,6 +223,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 limit: i64::from(config.batch_size),
                 lease_timeout: config.lease_timeout,
                 max_attempts: config.max_attempts as i32,
+                skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
                 filter,
             },
         )
@@ -250,6 +253,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             route,
             state: self.state.clone(),
             row,
+            pool: self.pool.clone(),
+            held: work.held.clone(),
             handler_timeout: self.config.handler_timeout,
             acks: work.acks.clone(),
         };
