@@ -43,6 +43,10 @@ CREATE INDEX events_pending ON outbox.events (available_at, seq)
 CREATE INDEX events_dead ON outbox.events (dead_at)
     WHERE dead_at IS NOT NULL;
 
+-- Retention deletes published rows oldest first, in small batches.
+CREATE INDEX events_published ON outbox.events (published_at)
+    WHERE published_at IS NOT NULL;
+
 -- Finds whether an ordered event has an undelivered predecessor in its aggregate.
 CREATE INDEX events_ordered_undelivered ON outbox.events (aggregate_type, aggregate_id, seq)
     WHERE ordered AND published_at IS NULL;

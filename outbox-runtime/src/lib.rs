@@ -1,12 +1,14 @@
 //! Transactional outbox for sqlx + PostgreSQL.
 #![warn(missing_docs)]
 
+pub mod dead_letters;
 mod emit;
 mod error;
 mod event;
 mod json;
 mod migrate;
 mod relay;
+mod retention;
 mod stats;
 mod store;
 
@@ -19,7 +21,8 @@ pub use relay::{
     RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, TransactionalHandler,
     UnknownEvents,
 };
-pub use stats::{stats, OutboxStats};
+pub use retention::purge_published;
+pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};
 
 /// Derives [`OutboxEvent`] for a serde struct; see the trait for the attributes.
 pub use outbox_macros::OutboxEvent;

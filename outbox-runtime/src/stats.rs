@@ -24,9 +24,40 @@ pub struct OutboxStats {
 /// Reads [`OutboxStats`] in one statement.
 pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
     let (pending, dead, age) = store::stats(pool).await?;
-    Ok(OutboxStats {
-        pending,
-        dead,
-        oldest_pending_age: age.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
-    })
+    Ok(OutboxStats { pending, dead, oldest_pending_age: age.map(seconds) })
+}
+
+/// [`OutboxStats`] of one `(aggregate_type, event_type)`.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TypeStats {
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The event type.
+    pub event_type: String,
+    /// Its pending events.
+    pub pending: i64,
+    /// Its dead events.
+    pub dead: i64,
+    /// How long ago its oldest pending event was emitted.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+/// [`OutboxStats`] per event type, for the types that have pending or dead events.
+pub async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeStats>, Error> {
+    let rows = store::stats_by_type(pool).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(aggregate_type, event_type, pending, dead, age)| TypeStats {
+            aggregate_type,
+            event_type,
+            pending,
+            dead,
+            oldest_pending_age: age.map(seconds),
+        })
+        .collect())
+}
+
+fn seconds(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs.max(0.0))
 }

@@ -197,6 +197,14 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
+    /// Deletes published events older than `keep_for`, once a minute, in small batches (see
+    /// [`purge_published`](crate::purge_published)). Running it on several relays is harmless.
+    /// Default: published events are kept.
+    pub fn retention(mut self, keep_for: Duration) -> Self {
+        self.config.retention = Some(keep_for);
+        self
+    }
+
     /// Checks the handlers and settings and builds the relay.
     pub fn build(self) -> Result<Relay<S>, BuildError> {
         let config = self.config;

@@ -76,6 +76,7 @@ pub(crate) struct RelayConfig {
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) unknown_events: UnknownEvents,
     pub(crate) dead_ordered_events: DeadOrderedEvents,
+    pub(crate) retention: Option<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -91,6 +92,7 @@ impl Default for RelayConfig {
             handler_timeout: Some(Duration::from_secs(300)),
             unknown_events: UnknownEvents::default(),
             dead_ordered_events: DeadOrderedEvents::default(),
+            retention: None,
         }
     }
 }

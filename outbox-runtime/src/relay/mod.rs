@@ -91,7 +91,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 .max_connections(connections)
                 .connect_lazy_with((*self.pool.connect_options()).clone())
         };
-        let (relay_pool, listen_pool) = (own_pool(3), own_pool(1));
+        let (relay_pool, listen_pool) = (own_pool(4), own_pool(1));
         let wake = Arc::new(Notify::new());
         let held = Held::default();
         let (acks, acks_rx) = mpsc::unbounded_channel();
@@ -115,9 +115,17 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             .run(acks_rx),
         ));
 
+        let retention = config.retention.map(|keep_for| {
+            AbortOnDrop(tokio::spawn(crate::retention::purge_periodically(
+                relay_pool.clone(),
+                keep_for,
+            )))
+        });
+
         let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
         let result = self.work(&relay_pool, &mut work, &wake, shutdown).await;
         drop(listener);
+        drop(retention);
 
         // Graceful shutdown.
         let Work { queue, mut tasks, acks, .. } = work;

@@ -1,128 +1,12 @@
-//! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for.
-//!
-//! Values are always bound, never formatted into SQL. Statements that touch many rows take
-//! arrays and `UNNEST` them, so a batch costs one round trip.
+//! The relay's statements: lease, renew, and the fenced acknowledgements.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use crate::emit::Available;
-
-/// The channel the insert trigger notifies; relays LISTEN on it.
-pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
-
-/// Delays past this are capped: PostgreSQL timestamps end in the year 294276.
-const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
-}
-
-// ---------------------------------------------------------------------------------------------
-// emit
-// ---------------------------------------------------------------------------------------------
-
-/// Column-wise rows for one multi-row insert.
-#[derive(Default)]
-pub(crate) struct NewEvents {
-    pub(crate) event_ids: Vec<Uuid>,
-    aggregate_ids: Vec<String>,
-    payloads: Vec<String>,
-}
-
-impl NewEvents {
-    pub(crate) fn push(&mut self, event_id: Uuid, aggregate_id: String, payload: String) {
-        self.event_ids.push(event_id);
-        self.aggregate_ids.push(aggregate_id);
-        self.payloads.push(payload);
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.event_ids.len()
-    }
-}
-
-/// What one insert statement shares across its rows.
-pub(crate) struct InsertShared<'a> {
-    pub(crate) aggregate_type: &'static str,
-    pub(crate) event_type: &'static str,
-    pub(crate) ordered: bool,
-    pub(crate) headers: &'a str,
-    pub(crate) available: Available,
-    pub(crate) idempotency_key: Option<&'a str>,
-}
-
-/// Inserts the rows; returns the ids actually inserted (an idempotency key already stored
-/// inserts nothing).
-///
-/// For ordered events it first takes a transaction-scoped advisory lock per aggregate, in key
-/// order (so two batches cannot deadlock each other), and only then lets rows draw their `seq`:
-/// the uncorrelated subquery in WHERE is a one-time filter, evaluated before any row is made.
-pub(crate) async fn insert_events(
-    conn: &mut PgConnection,
-    shared: InsertShared<'_>,
-    rows: &NewEvents,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    let (at, delay) = match shared.available {
-        Available::Now => (None, Duration::ZERO),
-        Available::After(delay) => (None, delay),
-        Available::At(at) => (Some(at), Duration::ZERO),
-    };
-    sqlx::query_scalar(
-        "WITH locked AS ( \
-             SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
-                 SELECT DISTINCT hashtextextended($1 || '/' || a, 0) AS k \
-                 FROM UNNEST($7::text[]) AS a WHERE $9 ORDER BY 1 \
-             ) AS keys \
-         ) \
-         INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
-                                    headers, available_at, ordered, idempotency_key) \
-         SELECT e.event_id, $1, e.aggregate_id, $2, e.payload::jsonb, $3::jsonb, \
-                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond'), \
-                $9, $10 \
-         FROM UNNEST($6::uuid[], $7::text[], $8::text[]) WITH ORDINALITY \
-              AS e(event_id, aggregate_id, payload, ord) \
-         WHERE (SELECT n FROM locked) >= 0 \
-         ORDER BY e.ord \
-         ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
-         DO NOTHING \
-         RETURNING event_id",
-    )
-    .bind(shared.aggregate_type)
-    .bind(shared.event_type)
-    .bind(shared.headers)
-    .bind(at)
-    .bind(micros(delay))
-    .bind(&rows.event_ids)
-    .bind(&rows.aggregate_ids)
-    .bind(&rows.payloads)
-    .bind(shared.ordered)
-    .bind(shared.idempotency_key)
-    .fetch_all(conn)
-    .await
-}
-
-/// The event stored earlier under an idempotency key.
-pub(crate) async fn event_for_key(
-    conn: &mut PgConnection,
-    aggregate_type: &str,
-    idempotency_key: &str,
-) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT event_id FROM outbox.events WHERE aggregate_type = $1 AND idempotency_key = $2",
-    )
-    .bind(aggregate_type)
-    .bind(idempotency_key)
-    .fetch_optional(conn)
-    .await
-}
-
-// ---------------------------------------------------------------------------------------------
-// relay
-// ---------------------------------------------------------------------------------------------
+use super::micros;
 
 /// A row the relay holds a lease on.
 #[derive(Debug)]
@@ -386,23 +270,4 @@ pub(crate) async fn renew(
     .bind(micros(lease_timeout))
     .fetch_all(pool)
     .await
-}
-
-// ---------------------------------------------------------------------------------------------
-// health
-// ---------------------------------------------------------------------------------------------
-
-/// `(pending, dead, seconds since the oldest pending event was created)`.
-pub(crate) async fn stats(pool: &PgPool) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT \
-             (SELECT count(*) FROM outbox.events \
-              WHERE published_at IS NULL AND dead_at IS NULL), \
-             (SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL), \
-             (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox.events \
-              WHERE published_at IS NULL AND dead_at IS NULL)",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
 }

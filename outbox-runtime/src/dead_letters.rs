@@ -1,0 +1,119 @@
+//! Dead letters: events that exhausted their attempts. List, inspect, requeue, discard.
+//!
+//! ```no_run
+//! use outbox_runtime::dead_letters::{self, DeadFilter};
+//! # async fn ops(pool: sqlx::PgPool) -> Result<(), outbox_runtime::Error> {
+//! let stuck = dead_letters::list(&pool, &DeadFilter::all().event_type("order.placed"), None, 50).await?;
+//! for event in &stuck {
+//!     println!("{} failed {} times: {:?}", event.event_id, event.attempts, event.last_error);
+//! }
+//! // The downstream bug is fixed: try them again.
+//! dead_letters::requeue(&pool, &DeadFilter::all().event_type("order.placed")).await?;
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::store::{self, DeadSelection};
+
+/// A dead event, with what an operator needs to decide its fate.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct DeadEvent {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The payload as stored.
+    pub payload: serde_json::Value,
+    /// The headers as stored.
+    pub headers: serde_json::Value,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+    /// When it exhausted its attempts.
+    pub dead_at: DateTime<Utc>,
+    /// Failed attempts (failures and expired leases).
+    pub attempts: i32,
+    /// The last failure's text.
+    pub last_error: Option<String>,
+}
+
+/// Which dead events an operation applies to: all of them, narrowed by the given fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    aggregate_type: Option<String>,
+    event_type: Option<String>,
+    event_id: Option<Uuid>,
+}
+
+impl DeadFilter {
+    /// Every dead event.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only the dead event with this id.
+    pub fn event(event_id: Uuid) -> Self {
+        Self { event_id: Some(event_id), ..Self::default() }
+    }
+
+    /// Only events of this aggregate type.
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Only events of this event type.
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    fn selection(&self) -> DeadSelection<'_> {
+        DeadSelection {
+            aggregate_type: self.aggregate_type.as_deref(),
+            event_type: self.event_type.as_deref(),
+            event_id: self.event_id,
+        }
+    }
+}
+
+/// One page of dead events matching `filter`, oldest first: up to `limit` after the event id
+/// `after` (pass the last id of the previous page, or `None` for the first).
+pub async fn list(
+    pool: &PgPool,
+    filter: &DeadFilter,
+    after: Option<Uuid>,
+    limit: u32,
+) -> Result<Vec<DeadEvent>, Error> {
+    Ok(store::dead(pool, &filter.selection(), after, i64::from(limit)).await?)
+}
+
+/// The dead event with this id, if there is one.
+pub async fn get(pool: &PgPool, event_id: Uuid) -> Result<Option<DeadEvent>, Error> {
+    let mut found = store::dead(pool, &DeadFilter::event(event_id).selection(), None, 1).await?;
+    Ok(found.pop())
+}
+
+/// Makes the matching dead events pending again: attempts reset to 0, deliverable at once,
+/// `last_error` kept as history. Returns how many were requeued.
+///
+/// Requeuing a dead ordered event respects its aggregate's order: with the default
+/// [`DeadOrderedEvents::BlockAggregate`](crate::DeadOrderedEvents) the later events waited,
+/// and are delivered after it. (With `SkipPast` they went ahead, so it comes after them.)
+pub async fn requeue(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
+    Ok(store::requeue_dead(pool, &filter.selection()).await?)
+}
+
+/// Deletes the matching dead events for good; an ordered aggregate blocked by one moves on.
+/// Returns how many were deleted. [`list`] them first if you want a record.
+pub async fn discard(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
+    Ok(store::discard_dead(pool, &filter.selection()).await?)
+}

@@ -1,0 +1,53 @@
+//! Retention: deleting published events once they are old enough.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::error::Error;
+use crate::store;
+
+/// Rows deleted per statement: small enough that no statement holds many locks for long.
+pub(crate) const PURGE_BATCH: i64 = 1_000;
+
+/// Deletes events published more than `older_than` ago, in batches of 1,000 rows oldest first,
+/// until none is left; returns how many were deleted. Pending and dead events are never touched.
+///
+/// Safe to run beside relays and producers: each batch is its own short statement on the
+/// `published_at` index, and skips rows another statement has locked. A relay can run it
+/// periodically for you: see `RelayBuilder::retention`.
+pub async fn purge_published(pool: &PgPool, older_than: Duration) -> Result<u64, Error> {
+    let mut total = 0;
+    loop {
+        let deleted = store::purge_published(pool, older_than, PURGE_BATCH).await?;
+        total += deleted;
+        if deleted < PURGE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// A relay's retention task: purges once a minute, pausing between batches so the purge never
+/// competes with delivery for long.
+pub(crate) async fn purge_periodically(pool: PgPool, keep_for: Duration) {
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        loop {
+            match store::purge_published(&pool, keep_for, PURGE_BATCH).await {
+                Ok(deleted) if deleted == PURGE_BATCH as u64 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(deleted) => {
+                    tracing::debug!(deleted, "outbox retention pass done");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "outbox retention failed; retrying in a minute");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Writing events: the one insert statement behind every `emit`.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::micros;
+use crate::emit::Available;
+
+/// Column-wise rows for one multi-row insert.
+#[derive(Default)]
+pub(crate) struct NewEvents {
+    pub(crate) event_ids: Vec<Uuid>,
+    aggregate_ids: Vec<String>,
+    payloads: Vec<String>,
+}
+
+impl NewEvents {
+    pub(crate) fn push(&mut self, event_id: Uuid, aggregate_id: String, payload: String) {
+        self.event_ids.push(event_id);
+        self.aggregate_ids.push(aggregate_id);
+        self.payloads.push(payload);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.event_ids.len()
+    }
+}
+
+/// What one insert statement shares across its rows.
+pub(crate) struct InsertShared<'a> {
+    pub(crate) aggregate_type: &'static str,
+    pub(crate) event_type: &'static str,
+    pub(crate) ordered: bool,
+    pub(crate) headers: &'a str,
+    pub(crate) available: Available,
+    pub(crate) idempotency_key: Option<&'a str>,
+}
+
+/// Inserts the rows; returns the ids actually inserted (an idempotency key already stored
+/// inserts nothing).
+///
+/// For ordered events it first takes a transaction-scoped advisory lock per aggregate, in key
+/// order (so two batches cannot deadlock each other), and only then lets rows draw their `seq`:
+/// the uncorrelated subquery in WHERE is a one-time filter, evaluated before any row is made.
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    shared: InsertShared<'_>,
+    rows: &NewEvents,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let (at, delay) = match shared.available {
+        Available::Now => (None, Duration::ZERO),
+        Available::After(delay) => (None, delay),
+        Available::At(at) => (Some(at), Duration::ZERO),
+    };
+    sqlx::query_scalar(
+        "WITH locked AS ( \
+             SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
+                 SELECT DISTINCT hashtextextended($1 || '/' || a, 0) AS k \
+                 FROM UNNEST($7::text[]) AS a WHERE $9 ORDER BY 1 \
+             ) AS keys \
+         ) \
+         INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    headers, available_at, ordered, idempotency_key) \
+         SELECT e.event_id, $1, e.aggregate_id, $2, e.payload::jsonb, $3::jsonb, \
+                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond'), \
+                $9, $10 \
+         FROM UNNEST($6::uuid[], $7::text[], $8::text[]) WITH ORDINALITY \
+              AS e(event_id, aggregate_id, payload, ord) \
+         WHERE (SELECT n FROM locked) >= 0 \
+         ORDER BY e.ord \
+         ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
+         DO NOTHING \
+         RETURNING event_id",
+    )
+    .bind(shared.aggregate_type)
+    .bind(shared.event_type)
+    .bind(shared.headers)
+    .bind(at)
+    .bind(micros(delay))
+    .bind(&rows.event_ids)
+    .bind(&rows.aggregate_ids)
+    .bind(&rows.payloads)
+    .bind(shared.ordered)
+    .bind(shared.idempotency_key)
+    .fetch_all(conn)
+    .await
+}
+
+/// The event stored earlier under an idempotency key.
+pub(crate) async fn event_for_key(
+    conn: &mut PgConnection,
+    aggregate_type: &str,
+    idempotency_key: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT event_id FROM outbox.events WHERE aggregate_type = $1 AND idempotency_key = $2",
+    )
+    .bind(aggregate_type)
+    .bind(idempotency_key)
+    .fetch_optional(conn)
+    .await
+}

@@ -1,0 +1,141 @@
+//! Operations: health figures, dead letters, retention.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use super::{micros, NOTIFY_CHANNEL};
+use crate::dead_letters::DeadEvent;
+
+/// `(pending, dead, seconds since the oldest pending event was created)`.
+pub(crate) async fn stats(pool: &PgPool) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT \
+             (SELECT count(*) FROM outbox.events \
+              WHERE published_at IS NULL AND dead_at IS NULL), \
+             (SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL), \
+             (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox.events \
+              WHERE published_at IS NULL AND dead_at IS NULL)",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+/// Per `(aggregate_type, event_type)`: pending, dead, and age of the oldest pending event.
+pub(crate) async fn stats_by_type(
+    pool: &PgPool,
+) -> Result<Vec<(String, String, i64, i64, Option<f64>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT aggregate_type, event_type, \
+                count(*) FILTER (WHERE dead_at IS NULL), \
+                count(*) FILTER (WHERE dead_at IS NOT NULL), \
+                extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL))::float8 \
+         FROM outbox.events WHERE published_at IS NULL \
+         GROUP BY aggregate_type, event_type ORDER BY aggregate_type, event_type",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Which dead rows an operation applies to; `None` matches anything.
+pub(crate) struct DeadSelection<'a> {
+    pub(crate) aggregate_type: Option<&'a str>,
+    pub(crate) event_type: Option<&'a str>,
+    pub(crate) event_id: Option<Uuid>,
+}
+
+/// The dead rows matching `$1..$3` (see [`DeadSelection`]).
+macro_rules! dead_rows {
+    () => {
+        "dead_at IS NOT NULL \
+         AND ($1::text IS NULL OR aggregate_type = $1) \
+         AND ($2::text IS NULL OR event_type = $2) \
+         AND ($3::uuid IS NULL OR event_id = $3)"
+    };
+}
+
+/// One page of dead rows in event id order (time order for ids made by `emit`), after `after`.
+pub(crate) async fn dead(
+    pool: &PgPool,
+    selection: &DeadSelection<'_>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<DeadEvent>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, \
+                dead_at, attempts, last_error \
+         FROM outbox.events WHERE ",
+        dead_rows!(),
+        " AND ($4::uuid IS NULL OR event_id > $4) ORDER BY event_id LIMIT $5"
+    ))
+    .bind(selection.aggregate_type)
+    .bind(selection.event_type)
+    .bind(selection.event_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Makes dead rows pending again: attempts reset, available now, `last_error` kept. Wakes the
+/// relays. Returns how many.
+pub(crate) async fn requeue_dead(
+    pool: &PgPool,
+    selection: &DeadSelection<'_>,
+) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let requeued = sqlx::query(concat!(
+        "UPDATE outbox.events \
+         SET dead_at = NULL, attempts = 0, lease_token = NULL, available_at = now() \
+         WHERE ",
+        dead_rows!()
+    ))
+    .bind(selection.aggregate_type)
+    .bind(selection.event_type)
+    .bind(selection.event_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if requeued > 0 {
+        sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(requeued)
+}
+
+/// Deletes dead rows. Returns how many.
+pub(crate) async fn discard_dead(
+    pool: &PgPool,
+    selection: &DeadSelection<'_>,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()))
+        .bind(selection.aggregate_type)
+        .bind(selection.event_type)
+        .bind(selection.event_id)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes up to `limit` rows published more than `older_than` ago, oldest first; returns how many.
+/// Short and index-driven, so it never holds many row locks for long.
+pub(crate) async fn purge_published(
+    pool: &PgPool,
+    older_than: Duration,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM outbox.events WHERE event_id IN ( \
+             SELECT event_id FROM outbox.events \
+             WHERE published_at < now() - $1::bigint * interval '1 microsecond' \
+             ORDER BY published_at LIMIT $2 \
+             FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(micros(older_than))
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
