@@ -9,3 +9,8 @@ pub use serde;
 pub fn aggregate_id<T: ?Sized + core::fmt::Display>(id: &T) -> String {
     id.to_string()
 }
+
+/// The relay's default lease statement, for the test that checks its plan ignores published
+/// history. Parameters: `$1` limit, `$2` token, `$3` lease micros, `$4` max attempts, `$5` skip
+/// dead ordered, `$6`/`$7` handled aggregate and event types.
+pub const LEASE_SQL: &str = crate::store::LEASE_HANDLED;

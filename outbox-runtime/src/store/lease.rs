@@ -88,7 +88,7 @@ macro_rules! first_in_aggregate {
 /// Leases the oldest available rows of the handled types: one short scan of the
 /// `events_pending_by_type` index per type, so rows of types this relay does not handle cost
 /// nothing however many pile up.
-const LEASE_HANDLED: &str = lease_sql!(
+pub(crate) const LEASE_HANDLED: &str = lease_sql!(
     "SELECT c.event_id \
      FROM UNNEST($6::text[], $7::text[]) AS h(aggregate_type, event_type) \
      CROSS JOIN LATERAL ( \

@@ -1,0 +1,291 @@
+//! Operations against the real PostgreSQL: dead letters, retention, per-type stats, and the
+//! lease plan's independence from published history.
+
+mod support;
+
+use std::time::Duration;
+
+use outbox_runtime::dead_letters::{self, DeadFilter};
+use outbox_runtime::{EventContext, OutboxEvent, Relay};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use support::*;
+use uuid::Uuid;
+
+/// Inserts a dead row as a relay would leave it.
+async fn dead_row(pool: &PgPool, aggregate_type: &str, event_type: &str, error: &str) -> Uuid {
+    sqlx::query_scalar(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    attempts, last_error, dead_at) \
+         VALUES ($1, $2, '7', $3, '{\"n\": 1}', 10, $4, now()) RETURNING event_id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(aggregate_type)
+    .bind(event_type)
+    .bind(error)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_letters_are_listed_filtered_and_paged(pool: PgPool) {
+    migrated(&pool).await;
+    let a = dead_row(&pool, "order", "order.placed", "timeout").await;
+    let b = dead_row(&pool, "order", "order.cancelled", "bad gateway").await;
+    let c = dead_row(&pool, "customer", "customer.renamed", "no such customer").await;
+    emit_committed(&pool, &[placed(1)]).await; // pending: never listed
+
+    let ids = |events: Vec<dead_letters::DeadEvent>| -> Vec<Uuid> {
+        events.into_iter().map(|e| e.event_id).collect()
+    };
+    let all = dead_letters::list(&pool, &DeadFilter::all(), None, 10).await.unwrap();
+    assert_eq!(ids(all), [a, b, c], "oldest first");
+    let orders = DeadFilter::all().aggregate_type("order");
+    assert_eq!(ids(dead_letters::list(&pool, &orders, None, 10).await.unwrap()), [a, b]);
+    let cancelled = DeadFilter::all().event_type("order.cancelled");
+    assert_eq!(ids(dead_letters::list(&pool, &cancelled, None, 10).await.unwrap()), [b]);
+
+    let page1 = ids(dead_letters::list(&pool, &DeadFilter::all(), None, 2).await.unwrap());
+    let page2 =
+        ids(dead_letters::list(&pool, &DeadFilter::all(), Some(page1[1]), 2).await.unwrap());
+    assert_eq!((page1, page2), (vec![a, b], vec![c]));
+
+    let shown = dead_letters::get(&pool, b).await.unwrap().unwrap();
+    assert_eq!(shown.event_type, "order.cancelled");
+    assert_eq!(shown.payload, serde_json::json!({ "n": 1 }));
+    assert_eq!((shown.attempts, shown.last_error.as_deref()), (10, Some("bad gateway")));
+    assert_eq!(dead_letters::get(&pool, Uuid::now_v7()).await.unwrap(), None);
+}
+
+#[sqlx::test(migrations = false)]
+async fn requeued_dead_letters_are_delivered_and_keep_their_last_error(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    sqlx::query(
+        "UPDATE outbox.events SET attempts = 3, last_error = 'was broken', dead_at = now() \
+         WHERE event_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let other = dead_row(&pool, "customer", "customer.renamed", "x").await;
+
+    let requeued =
+        dead_letters::requeue(&pool, &DeadFilter::all().event_type("order.placed")).await.unwrap();
+    assert_eq!(requeued, 1);
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.dead, row.attempts, row.available_now), (false, 0, true));
+    assert_eq!(row.last_error.as_deref(), Some("was broken"), "history kept");
+    assert!(row_state(&pool, other).await.dead, "the filter left the other alone");
+
+    async fn ok(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+    let relay = Relay::builder(pool.clone()).handler(ok).build().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    eventually("the requeued event is published", || async {
+        row_state(&pool, id).await.published
+    })
+    .await;
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+
+    assert_eq!(dead_letters::discard(&pool, &DeadFilter::event(other)).await.unwrap(), 1);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE event_id = $1")
+        .bind(other)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(dead_letters::discard(&pool, &DeadFilter::all()).await.unwrap(), 0);
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "account", event_type = "account.posted", ordered)]
+struct Posted {
+    #[outbox(id)]
+    account: u32,
+    n: u32,
+}
+
+#[sqlx::test(migrations = false)]
+async fn requeuing_a_dead_ordered_event_keeps_its_aggregates_order(pool: PgPool) {
+    migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let events: Vec<Posted> = (1..=3).map(|n| Posted { account: 1, n }).collect();
+    outbox_runtime::emit_all(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // n = 1 fails while `broken` is set and dies at once; 2 and 3 wait behind it.
+    #[derive(Clone)]
+    struct Ledger {
+        broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    }
+    async fn post(ctx: EventContext<Ledger>, event: Posted) -> Result<(), std::io::Error> {
+        if ctx.state().broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("ledger offline"));
+        }
+        ctx.state().seen.lock().unwrap().push(event.n);
+        Ok(())
+    }
+    let ledger = Ledger { broken: Default::default(), seen: Default::default() };
+    ledger.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+    let relay = Relay::builder(pool.clone())
+        .state(ledger.clone())
+        .handler(post)
+        .max_attempts(1)
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    eventually("the first event is dead", || async {
+        outbox_runtime::stats(&pool).await.unwrap().dead == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        ledger.seen.lock().unwrap().is_empty(),
+        "the aggregate is blocked behind its dead event"
+    );
+
+    ledger.broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(dead_letters::requeue(&pool, &DeadFilter::all()).await.unwrap(), 1);
+    eventually("all three are delivered", || async { ledger.seen.lock().unwrap().len() == 3 })
+        .await;
+    let _ = stop.send(());
+    running.await.unwrap().unwrap();
+    assert_eq!(*ledger.seen.lock().unwrap(), [1, 2, 3]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn retention_deletes_only_old_published_events(pool: PgPool) {
+    migrated(&pool).await;
+    // 2,500 old published rows (several purge batches), 10 recent ones, and old pending and
+    // dead rows, which retention must never touch.
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    published_at) \
+         SELECT gen_random_uuid(), 'order', i::text, 'order.placed', '{}', \
+                CASE WHEN i <= 2500 THEN now() - interval '8 days' ELSE now() - interval '1 hour' END \
+         FROM generate_series(1, 2510) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let pending = emit_committed(&pool, &[placed(1)]).await[0];
+    sqlx::query(
+        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
+    )
+    .bind(pending)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dead = dead_row(&pool, "order", "order.placed", "x").await;
+
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(outbox_runtime::purge_published(&pool, week).await.unwrap(), 2500);
+    assert_eq!(outbox_runtime::purge_published(&pool, week).await.unwrap(), 0);
+    assert_eq!(count_published(&pool).await, 10);
+    assert!(!row_state(&pool, pending).await.published);
+    assert!(row_state(&pool, dead).await.dead);
+}
+
+#[sqlx::test(migrations = false)]
+async fn stats_by_type_split_pending_and_dead(pool: PgPool) {
+    migrated(&pool).await;
+    emit_committed(&pool, &[placed(1), placed(2)]).await;
+    dead_row(&pool, "order", "order.placed", "x").await;
+    dead_row(&pool, "customer", "customer.renamed", "x").await;
+
+    let by_type = outbox_runtime::stats_by_type(&pool).await.unwrap();
+    let rows: Vec<(&str, &str, i64, i64, bool)> = by_type
+        .iter()
+        .map(|t| {
+            let has_lag = t.oldest_pending_age.is_some();
+            (t.aggregate_type.as_str(), t.event_type.as_str(), t.pending, t.dead, has_lag)
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [("customer", "customer.renamed", 0, 1, false), ("order", "order.placed", 2, 1, true)]
+    );
+}
+
+/// Shared buffers the lease statement reads to find its rows (the `candidates` part, not the
+/// update), from `EXPLAIN (ANALYZE, BUFFERS)`.
+async fn lease_buffers(pool: &PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(&format!(
+        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
+        outbox_runtime::__private::LEASE_SQL
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lease(100, gen_random_uuid(), 30000000, \
+         10, false, '{order}', '{order.placed}')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");
+    candidates["Shared Hit Blocks"].as_i64().unwrap()
+        + candidates["Shared Read Blocks"].as_i64().unwrap()
+}
+
+fn find_node<'a>(node: &'a serde_json::Value, subplan: &str) -> Option<&'a serde_json::Value> {
+    if node["Subplan Name"] == subplan {
+        return Some(node);
+    }
+    node["Plans"].as_array()?.iter().find_map(|child| find_node(child, subplan))
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_lease_reads_no_published_history(pool: PgPool) {
+    migrated(&pool).await;
+    emit_committed(&pool, &(0..100).map(placed).collect::<Vec<_>>()).await;
+    let without_history = lease_buffers(&pool).await;
+    sqlx::query(
+        "UPDATE outbox.events SET published_at = NULL, lease_token = NULL, available_at = now()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // 200,000 published rows behind the same 100 pending ones.
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    published_at) \
+         SELECT gen_random_uuid(), 'order', i::text, 'order.placed', '{\"n\": 1}', now() \
+         FROM generate_series(1, 200000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE outbox.events").execute(&pool).await.unwrap();
+    let table_pages: i64 = sqlx::query_scalar(
+        "SELECT relpages::bigint FROM pg_class WHERE oid = 'outbox.events'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let with_history = lease_buffers(&pool).await;
+
+    eprintln!("lease buffers: {without_history} without history, {with_history} with; table {table_pages} pages");
+    assert!(table_pages > 2_000, "the history is large: {table_pages} pages");
+    assert!(
+        with_history <= 3 * 100 + 100 && with_history * 10 < table_pages,
+        "the lease read {with_history} buffers with history ({without_history} without): it \
+         should cost a few per pending row, whatever the history"
+    );
+}
