@@ -1,8 +1,10 @@
 //! Acknowledgements: outcomes of deliveries, applied in batches with one statement per kind.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
 use uuid::Uuid;
@@ -10,7 +12,7 @@ use uuid::Uuid;
 use crate::relay::config::Backoff;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures};
+use crate::store::{self, Failures, LeasedEvent};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -33,7 +35,21 @@ pub(crate) enum Outcome {
 pub(crate) struct Ack {
     pub(crate) event_id: Uuid,
     pub(crate) token: Uuid,
+    pub(crate) event_type: String,
+    pub(crate) created_at: DateTime<Utc>,
     pub(crate) outcome: Outcome,
+}
+
+impl Ack {
+    pub(crate) fn new(row: &LeasedEvent, outcome: Outcome) -> Self {
+        Ack {
+            event_id: row.event_id,
+            token: row.lease_token,
+            event_type: row.event_type.clone(),
+            created_at: row.created_at,
+            outcome,
+        }
+    }
 }
 
 /// Most acknowledgements applied in one statement.
@@ -74,61 +90,62 @@ impl Acker {
     }
 
     async fn apply(&self, batch: &[Ack]) {
-        let (mut published, mut released) = (Columns::default(), Columns::default());
-        let mut failures = Failures::default();
-        for ack in batch {
-            match &ack.outcome {
-                Outcome::Published => self.metrics.add_delivered(1),
-                Outcome::LeaseLost => self.count_lost(1, "published"),
-                Outcome::Delivered => published.push(ack),
-                Outcome::Released => released.push(ack),
-                Outcome::Failed { error, earlier_failures } => failures.push(
-                    ack.event_id,
-                    ack.token,
-                    error.clone(),
-                    self.backoff.delay(earlier_failures + 1),
-                ),
+        let of =
+            |wanted: fn(&Outcome) -> bool| batch.iter().filter(move |ack| wanted(&ack.outcome));
+        for ack in of(|o| matches!(o, Outcome::Published)) {
+            self.metrics.delivered(&ack.event_type, ack.created_at);
+        }
+        self.count_lost(of(|o| matches!(o, Outcome::LeaseLost)).count(), "published");
+
+        let delivered: Vec<&Ack> = of(|o| matches!(o, Outcome::Delivered)).collect();
+        if !delivered.is_empty() {
+            let (ids, tokens) = columns(&delivered);
+            let pool = &self.pool;
+            let publish = || store::publish(pool, &ids, &tokens);
+            if let Some(done) = retrying("publish", self.lease_timeout, publish).await {
+                let done: HashSet<Uuid> = done.into_iter().collect();
+                for ack in delivered.iter().filter(|ack| done.contains(&ack.event_id)) {
+                    self.metrics.delivered(&ack.event_type, ack.created_at);
+                }
+                self.count_lost(delivered.len() - done.len(), "published");
             }
         }
 
-        if !published.ids.is_empty() {
-            let pool = &self.pool;
-            if let Some(done) = retrying("publish", self.lease_timeout, || {
-                store::publish(pool, &published.ids, &published.tokens)
-            })
-            .await
-            {
-                self.metrics.add_delivered(done.len());
-                self.count_lost(published.ids.len() - done.len(), "published");
+        let failed: Vec<&Ack> = of(|o| matches!(o, Outcome::Failed { .. })).collect();
+        if !failed.is_empty() {
+            let mut failures = Failures::default();
+            for ack in &failed {
+                if let Outcome::Failed { error, earlier_failures } = &ack.outcome {
+                    let retry_in = self.backoff.delay(earlier_failures + 1);
+                    failures.push(ack.event_id, ack.token, error.clone(), retry_in);
+                }
             }
-        }
-        if !failures.event_ids.is_empty() {
             let (pool, max) = (&self.pool, self.max_attempts);
-            if let Some(done) = retrying("record failures", self.lease_timeout, || {
-                store::fail(pool, &failures, max)
-            })
-            .await
-            {
-                self.metrics.add_failed(done.len());
-                let dead: Vec<Uuid> = done.iter().filter(|f| f.dead).map(|f| f.event_id).collect();
+            let record = || store::fail(pool, &failures, max);
+            if let Some(done) = retrying("record failures", self.lease_timeout, record).await {
+                let dead: HashSet<Uuid> =
+                    done.iter().filter(|f| f.dead).map(|f| f.event_id).collect();
+                let recorded: HashSet<Uuid> = done.iter().map(|f| f.event_id).collect();
+                for ack in failed.iter().filter(|ack| recorded.contains(&ack.event_id)) {
+                    self.metrics.failed(&ack.event_type, dead.contains(&ack.event_id));
+                }
                 if !dead.is_empty() {
                     tracing::warn!(
                         ?dead,
                         "outbox events exhausted their attempts and are now dead"
                     );
-                    self.metrics.add_dead(dead.len());
                 }
-                self.count_lost(failures.event_ids.len() - done.len(), "failed");
+                self.count_lost(failed.len() - recorded.len(), "failed");
             }
         }
-        if !released.ids.is_empty() {
+
+        let released: Vec<&Ack> = of(|o| matches!(o, Outcome::Released)).collect();
+        if !released.is_empty() {
+            let (ids, tokens) = columns(&released);
             let pool = &self.pool;
-            if let Some(done) = retrying("release", self.lease_timeout, || {
-                store::release(pool, &released.ids, &released.tokens)
-            })
-            .await
-            {
-                self.metrics.add_released(done as usize);
+            let release = || store::release(pool, &ids, &tokens);
+            if let Some(done) = retrying("release", self.lease_timeout, release).await {
+                self.metrics.released(done);
             }
         }
     }
@@ -140,22 +157,14 @@ impl Acker {
                 outcome,
                 "outbox acknowledgements refused: the lease expired and another relay took the rows"
             );
-            self.metrics.add_lost_leases(lost);
+            self.metrics.lost_leases(lost as u64);
         }
     }
 }
 
-#[derive(Default)]
-struct Columns {
-    ids: Vec<Uuid>,
-    tokens: Vec<Uuid>,
-}
-
-impl Columns {
-    fn push(&mut self, ack: &Ack) {
-        self.ids.push(ack.event_id);
-        self.tokens.push(ack.token);
-    }
+/// `(event ids, tokens)` of some acknowledgements, for one statement.
+fn columns(acks: &[&Ack]) -> (Vec<Uuid>, Vec<Uuid>) {
+    acks.iter().map(|ack| (ack.event_id, ack.token)).unzip()
 }
 
 /// Runs an acknowledgement statement, retrying database errors for up to `patience`. Giving up

@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::relay::acker::{Ack, Outcome};
 use crate::relay::handler::{Lease, Route, RowMeta, Settled};
 use crate::relay::held::Held;
+use crate::relay::metrics::RelayMetrics;
 use crate::store::LeasedEvent;
 
 /// Longest error text kept in `last_error`.
@@ -28,22 +29,26 @@ pub(crate) struct Delivery<S> {
     pub(crate) held: Held,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) acks: UnboundedSender<Ack>,
+    pub(crate) metrics: RelayMetrics,
 }
 
 impl<S> Delivery<S> {
     pub(crate) async fn run(self) {
-        let Delivery { route, state, row, pool, held, handler_timeout, acks } = self;
+        let Delivery { route, state, row, pool, held, handler_timeout, acks, metrics } = self;
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         let span = tracing::info_span!(
             "outbox.deliver",
             event_id = %row.event_id,
             aggregate_type = %row.aggregate_type,
+            aggregate_id = %row.aggregate_id,
             event_type = %row.event_type,
             attempt = earlier_failures + 1,
+            traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
         );
-        // If this task is cancelled (shutdown timeout), the guard hands the row back.
-        let mut guard =
-            AckGuard { acks, event_id: row.event_id, token: row.lease_token, sent: false };
+        // If this task is cancelled (shutdown timeout, lost lease), the guard hands the row back.
+        let mut guard = AckGuard { acks, ack: Some(Ack::new(&row, Outcome::Released)) };
+        let event_type = row.event_type.clone();
+        let started = std::time::Instant::now();
         let result = async {
             let Some(route) = route else {
                 return Err(format!(
@@ -74,6 +79,7 @@ impl<S> Delivery<S> {
         }
         .instrument(span.clone())
         .await;
+        metrics.handler_finished(&event_type, started.elapsed());
 
         let _entered = span.enter();
         let outcome = match result {
@@ -100,24 +106,25 @@ impl<S> Delivery<S> {
 /// Sends the outcome exactly once; if dropped unsent, hands the row back.
 struct AckGuard {
     acks: UnboundedSender<Ack>,
-    event_id: uuid::Uuid,
-    token: uuid::Uuid,
-    sent: bool,
+    /// The acknowledgement to send, `Released` until the delivery ends.
+    ack: Option<Ack>,
 }
 
 impl AckGuard {
     fn send(&mut self, outcome: Outcome) {
-        self.sent = true;
-        // The acker outlives every delivery task; a send can only fail if it panicked, and
-        // then the lease expires and the row is delivered again.
-        let _ = self.acks.send(Ack { event_id: self.event_id, token: self.token, outcome });
+        if let Some(mut ack) = self.ack.take() {
+            ack.outcome = outcome;
+            // The acker outlives every delivery task; a send can only fail if it panicked,
+            // and then the lease expires and the row is delivered again.
+            let _ = self.acks.send(ack);
+        }
     }
 }
 
 impl Drop for AckGuard {
     fn drop(&mut self) {
-        if !self.sent {
-            self.send(Outcome::Released);
+        if let Some(ack) = self.ack.take() {
+            let _ = self.acks.send(ack);
         }
     }
 }

@@ -1,20 +1,50 @@
-//! Counters of what a relay did, readable while it runs.
+//! What a relay did: counters readable while it runs, a health signal, and (with the
+//! `metrics` feature, on by default) the same figures through the `metrics` facade.
+//!
+//! Facade names, all labelled by `event_type`: counters `outbox_delivered_total`,
+//! `outbox_failed_total`, `outbox_retried_total`, `outbox_dead_total`; histograms
+//! `outbox_handler_duration_seconds` and `outbox_delivery_latency_seconds` (from `created_at`
+//! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead` and
+//! `outbox_oldest_pending_age_seconds`, refreshed every 15 s by a running relay.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
-/// A live view of a relay's counters; get it with [`Relay::metrics`](crate::Relay::metrics)
-/// before running the relay.
-#[derive(Debug, Clone, Default)]
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+/// A live view of a relay's counters and health; get it with
+/// [`Relay::metrics`](crate::Relay::metrics) before running the relay.
+#[derive(Debug, Clone)]
 pub struct RelayMetrics(Arc<Counters>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
     delivered: AtomicU64,
     failed: AtomicU64,
     dead: AtomicU64,
     released: AtomicU64,
     lost_leases: AtomicU64,
+    running: AtomicBool,
+    /// Milliseconds after `epoch` of the last statement that reached the database.
+    last_contact: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for RelayMetrics {
+    fn default() -> Self {
+        Self(Arc::new(Counters {
+            delivered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dead: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            lost_leases: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            last_contact: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+        }))
+    }
 }
 
 /// What a relay has done since it was built.
@@ -47,19 +77,104 @@ impl RelayMetrics {
         }
     }
 
-    pub(crate) fn add_delivered(&self, n: usize) {
-        self.0.delivered.fetch_add(n as u64, Relaxed);
+    /// Whether the relay is running and reached the database within `max_silence`: the
+    /// signal for a liveness or readiness probe. An idle relay still polls, so a healthy one
+    /// reaches the database at least every poll interval.
+    pub fn is_healthy(&self, max_silence: Duration) -> bool {
+        self.0.running.load(Relaxed)
+            && self.since_database_contact().is_some_and(|silence| silence <= max_silence)
     }
-    pub(crate) fn add_failed(&self, n: usize) {
-        self.0.failed.fetch_add(n as u64, Relaxed);
+
+    /// How long ago the relay last reached the database; `None` if it never did.
+    pub fn since_database_contact(&self) -> Option<Duration> {
+        let millis = self.0.last_contact.load(Relaxed);
+        (millis != u64::MAX).then(|| {
+            let at = self.0.epoch + Duration::from_millis(millis);
+            at.elapsed()
+        })
     }
-    pub(crate) fn add_dead(&self, n: usize) {
-        self.0.dead.fetch_add(n as u64, Relaxed);
+
+    pub(crate) fn set_running(&self, running: bool) {
+        self.0.running.store(running, Relaxed);
     }
-    pub(crate) fn add_released(&self, n: usize) {
-        self.0.released.fetch_add(n as u64, Relaxed);
+
+    pub(crate) fn database_reached(&self) {
+        let millis = self.0.epoch.elapsed().as_millis().try_into().unwrap_or(u64::MAX - 1);
+        self.0.last_contact.store(millis, Relaxed);
     }
-    pub(crate) fn add_lost_leases(&self, n: usize) {
-        self.0.lost_leases.fetch_add(n as u64, Relaxed);
+
+    pub(crate) fn delivered(&self, event_type: &str, created_at: DateTime<Utc>) {
+        self.0.delivered.fetch_add(1, Relaxed);
+        #[cfg(feature = "metrics")]
+        {
+            let latency = (Utc::now() - created_at).to_std().unwrap_or_default();
+            let event_type = event_type.to_owned();
+            metrics::counter!("outbox_delivered_total", "event_type" => event_type.clone())
+                .increment(1);
+            metrics::histogram!("outbox_delivery_latency_seconds", "event_type" => event_type)
+                .record(latency.as_secs_f64());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (event_type, created_at);
+    }
+
+    pub(crate) fn failed(&self, event_type: &str, dead: bool) {
+        self.0.failed.fetch_add(1, Relaxed);
+        if dead {
+            self.0.dead.fetch_add(1, Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let event_type = event_type.to_owned();
+            metrics::counter!("outbox_failed_total", "event_type" => event_type.clone())
+                .increment(1);
+            let outcome = if dead { "outbox_dead_total" } else { "outbox_retried_total" };
+            metrics::counter!(outcome, "event_type" => event_type).increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = event_type;
+    }
+
+    /// A row whose lease expired on its last attempt.
+    pub(crate) fn died_on_expiry(&self, event_type: &str) {
+        self.0.dead.fetch_add(1, Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("outbox_dead_total", "event_type" => event_type.to_owned()).increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = event_type;
+    }
+
+    pub(crate) fn handler_finished(&self, event_type: &str, took: Duration) {
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("outbox_handler_duration_seconds", "event_type" => event_type.to_owned())
+            .record(took.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = (event_type, took);
+    }
+
+    pub(crate) fn released(&self, n: u64) {
+        self.0.released.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn lost_leases(&self, n: u64) {
+        self.0.lost_leases.fetch_add(n, Relaxed);
+    }
+}
+
+/// Sets the table-wide gauges from a fresh [`stats`](crate::stats) reading every 15 s.
+#[cfg(feature = "metrics")]
+pub(crate) async fn refresh_gauges(pool: sqlx::PgPool) {
+    let mut every = tokio::time::interval(Duration::from_secs(15));
+    loop {
+        every.tick().await;
+        match crate::stats(&pool).await {
+            Ok(stats) => {
+                metrics::gauge!("outbox_pending").set(stats.pending as f64);
+                metrics::gauge!("outbox_dead").set(stats.dead as f64);
+                let age = stats.oldest_pending_age.unwrap_or_default().as_secs_f64();
+                metrics::gauge!("outbox_oldest_pending_age_seconds").set(age);
+            }
+            Err(error) => tracing::debug!(%error, "cannot refresh outbox gauges"),
+        }
     }
 }

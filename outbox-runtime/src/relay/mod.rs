@@ -122,17 +122,21 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             )))
         });
 
+        #[cfg(feature = "metrics")]
+        let gauges = AbortOnDrop(tokio::spawn(metrics::refresh_gauges(relay_pool.clone())));
+
+        self.metrics.set_running(true);
         let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
         let result = self.work(&relay_pool, &mut work, &wake, shutdown).await;
         drop(listener);
         drop(retention);
+        #[cfg(feature = "metrics")]
+        drop(gauges);
 
         // Graceful shutdown.
         let Work { queue, mut tasks, acks, .. } = work;
         for row in queue {
-            let released =
-                Ack { event_id: row.event_id, token: row.lease_token, outcome: Outcome::Released };
-            let _ = acks.send(released);
+            let _ = acks.send(Ack::new(&row, Outcome::Released));
         }
         let finished = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(config.shutdown_timeout, finished).await.is_err() {
@@ -152,6 +156,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             Ok(Ok(())) => {}
         }
         relay_pool.close().await;
+        self.metrics.set_running(false);
         result.map(|()| self.metrics.counts())
     }
 
@@ -238,10 +243,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         .await?;
         let full = rows.len() == config.batch_size as usize;
         let (died, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| row.died);
+        self.metrics.database_reached();
         if !died.is_empty() {
             let dead: Vec<_> = died.iter().map(|row| row.event_id).collect();
             tracing::warn!(?dead, "outbox events whose last lease expired are now dead");
-            self.metrics.add_dead(dead.len());
+            for row in &died {
+                self.metrics.died_on_expiry(&row.event_type);
+            }
         }
         // A row already held is already being delivered here; see `Held::lease`.
         let live =
@@ -265,6 +273,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             held: work.held.clone(),
             handler_timeout: self.config.handler_timeout,
             acks: work.acks.clone(),
+            metrics: self.metrics.clone(),
         };
         let running = work.tasks.spawn(delivery.run());
         work.held.started(event_id, running);
