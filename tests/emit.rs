@@ -287,8 +287,9 @@ async fn outbox_migrations_can_join_the_applications_own_history(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn emit_without_the_schema_is_a_database_error(pool: PgPool) {
+async fn emit_without_the_schema_says_to_migrate(pool: PgPool) {
     let mut tx = pool.begin().await.unwrap();
     let err = emit(&mut tx, &placed(1)).await.unwrap_err();
-    assert!(matches!(err, Error::Database(_)), "{err:?}");
+    assert!(matches!(err, Error::SchemaMissing), "{err:?}");
+    assert!(err.to_string().contains("outbox_runtime::migrate"), "{err}");
 }

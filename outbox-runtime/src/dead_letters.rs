@@ -46,7 +46,8 @@ pub struct DeadEvent {
 }
 
 /// Which dead events an operation applies to: all of them, narrowed by the given fields.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// There is deliberately no `Default`: acting on every dead event is spelled [`DeadFilter::all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadFilter {
     aggregate_type: Option<String>,
     event_type: Option<String>,
@@ -56,12 +57,12 @@ pub struct DeadFilter {
 impl DeadFilter {
     /// Every dead event.
     pub fn all() -> Self {
-        Self::default()
+        Self { aggregate_type: None, event_type: None, event_id: None }
     }
 
     /// Only the dead event with this id.
     pub fn event(event_id: Uuid) -> Self {
-        Self { event_id: Some(event_id), ..Self::default() }
+        Self { event_id: Some(event_id), ..Self::all() }
     }
 
     /// Only events of this aggregate type.

@@ -6,7 +6,7 @@
 pub enum Error {
     /// The database refused a statement or could not be reached.
     #[error("outbox database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
 
     /// Applying the outbox migrations failed.
     #[error("outbox migration failed: {0}")]
@@ -24,6 +24,20 @@ pub enum Error {
         /// Why it was rejected.
         reason: InvalidEvent,
     },
+}
+
+/// SQLSTATE `undefined_table`: what PostgreSQL answers when `outbox.events` does not exist.
+const UNDEFINED_TABLE: &str = "42P01";
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        match &error {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some(UNDEFINED_TABLE) => {
+                Error::SchemaMissing
+            }
+            _ => Error::Database(error),
+        }
+    }
 }
 
 /// Why an event was rejected by `emit` before anything was written.

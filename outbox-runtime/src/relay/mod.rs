@@ -201,9 +201,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                         () = tokio::time::sleep(config.poll_interval) => {}
                     }
                 }
-                Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42P01") => {
-                    return Err(Error::SchemaMissing);
-                }
+                Err(Error::SchemaMissing) => return Err(Error::SchemaMissing),
                 Err(error) => {
                     tracing::warn!(%error, retry_in = ?retry, "cannot lease outbox events");
                     tokio::select! {
@@ -217,11 +215,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     }
 
     /// Leases one batch; returns the deliverable rows and whether the batch was full.
-    async fn lease(
-        &self,
-        pool: &PgPool,
-        held: &Held,
-    ) -> Result<(Vec<LeasedEvent>, bool), sqlx::Error> {
+    async fn lease(&self, pool: &PgPool, held: &Held) -> Result<(Vec<LeasedEvent>, bool), Error> {
         let config = &self.config;
         let filter = match config.unknown_events {
             UnknownEvents::LeaveForOthers => {

@@ -1,0 +1,156 @@
+//! The command line: clap definitions only. Each command's long help documents its `--json`
+//! fields, which are stable.
+
+use std::time::Duration;
+
+use clap::builder::NonEmptyStringValueParser;
+use clap::{Args, Parser, Subcommand};
+use uuid::Uuid;
+
+/// Operate a transactional outbox: migrate, status, dead letters, purge.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, propagate_version = true)]
+#[command(after_long_help = "\
+Exit status: 0 on success, 1 when the command failed (database unreachable, schema missing, no \
+such dead event, ...), 2 on a usage error. Errors go to stderr, as text even with --json.
+
+With --json, every command prints one JSON document on stdout; its fields are listed in the \
+command's --help. Timestamps are RFC 3339 strings in UTC, durations are seconds (numbers).")]
+pub struct Cli {
+    /// PostgreSQL URL: postgres://user@host:port/db
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    pub database_url: Option<String>,
+
+    /// Print one JSON document on stdout instead of text
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox schema (safe to run again)
+    ///
+    /// JSON: {"migrated": true}
+    Migrate,
+
+    /// Pending and dead events, the relay's lag, and the same per event type
+    ///
+    /// The lag is the age of the oldest pending event.
+    ///
+    /// JSON: {"pending": int, "dead": int, "oldest_pending_age_secs": number|null,
+    ///        "by_type": [{"aggregate_type": str, "event_type": str, "pending": int,
+    ///                     "dead": int, "oldest_pending_age_secs": number|null}]}
+    #[command(verbatim_doc_comment)]
+    Status,
+
+    /// Dead letters: events that exhausted their attempts
+    #[command(subcommand)]
+    Dead(DeadCommand),
+
+    /// Delete published events older than a given age (pending and dead events are kept)
+    ///
+    /// JSON: {"purged": int, "older_than_secs": number}
+    Purge(PurgeArgs),
+}
+
+/// `outbox dead ...`.
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List dead events, oldest id first, one page at a time
+    ///
+    /// JSON: {"events": [EVENT, ...], "next_after": uuid|null}
+    /// where EVENT is as in `outbox dead show --help`, and next_after, set when the page is
+    /// full, is the value for --after that reads the next page.
+    #[command(verbatim_doc_comment)]
+    List(ListArgs),
+
+    /// Everything about one dead event: payload, headers, the full last error
+    ///
+    /// JSON: {"event_id": uuid, "aggregate_type": str, "aggregate_id": str, "event_type": str,
+    ///        "attempts": int, "created_at": time, "dead_at": time, "last_error": str|null,
+    ///        "headers": object, "payload": any}
+    #[command(verbatim_doc_comment)]
+    Show {
+        /// The dead event's id
+        #[arg(value_name = "EVENT_ID")]
+        event_id: Uuid,
+    },
+
+    /// Make dead events pending again: attempts reset to 0, deliverable now, last error kept
+    ///
+    /// Name one event, narrow by type, or pass --all explicitly.
+    ///
+    /// JSON: {"requeued": int}
+    Requeue(Selector),
+
+    /// Delete dead events for good (list them first if you want a record)
+    ///
+    /// Name one event, narrow by type, or pass --all explicitly.
+    ///
+    /// JSON: {"discarded": int}
+    Discard(Selector),
+}
+
+/// Filters and paging of `outbox dead list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only events of this aggregate type
+    #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub aggregate_type: Option<String>,
+
+    /// Only events of this event type
+    #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub event_type: Option<String>,
+
+    /// At most this many events
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+
+    /// Start after this event id (the previous page's last, or its `next_after`)
+    #[arg(long, value_name = "EVENT_ID")]
+    pub after: Option<Uuid>,
+}
+
+/// Which dead events `requeue` or `discard` act on; one of them must be given.
+#[derive(Debug, Args)]
+#[group(id = "selector", required = true, multiple = true)]
+pub struct Selector {
+    /// Only this dead event (fails if there is no dead event with this id)
+    #[arg(value_name = "EVENT_ID", conflicts_with_all = ["all", "aggregate_type", "event_type"])]
+    pub event_id: Option<Uuid>,
+
+    /// Every dead event
+    #[arg(long, conflicts_with_all = ["aggregate_type", "event_type"])]
+    pub all: bool,
+
+    /// Every dead event of this aggregate type
+    #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub aggregate_type: Option<String>,
+
+    /// Every dead event of this event type
+    #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub event_type: Option<String>,
+}
+
+/// Arguments of `outbox purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Age of the published events to delete, e.g. 7d, 36h, 90m
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

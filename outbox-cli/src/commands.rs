@@ -1,0 +1,117 @@
+//! Each command's database work, through the runtime's public API. Rendering is `output`'s job.
+
+use std::time::Duration;
+
+use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
+use outbox_runtime::{OutboxStats, TypeStats};
+use sqlx::PgPool;
+
+use crate::cli::{Command, DeadCommand, ListArgs, Selector};
+use crate::error::Failure;
+
+/// What a command found or did, for `output` to render.
+#[derive(Debug)]
+pub enum Report {
+    /// `migrate` applied the schema.
+    Migrated,
+    /// `status`.
+    Status {
+        /// The totals.
+        stats: OutboxStats,
+        /// Per `(aggregate_type, event_type)`.
+        by_type: Vec<TypeStats>,
+    },
+    /// `dead list`.
+    DeadList {
+        /// The page.
+        events: Vec<DeadEvent>,
+        /// The id to pass as `--after` for the next page, when this one is full.
+        next_after: Option<uuid::Uuid>,
+    },
+    /// `dead show`.
+    DeadShow(Box<DeadEvent>),
+    /// `dead requeue`: how many.
+    Requeued(u64),
+    /// `dead discard`: how many.
+    Discarded(u64),
+    /// `purge`: how many, and the age given.
+    Purged {
+        /// Rows deleted.
+        count: u64,
+        /// `--older-than`.
+        older_than: Duration,
+    },
+}
+
+/// Runs `command` against `pool`.
+pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
+    match command {
+        Command::Migrate => {
+            outbox_runtime::migrate(pool).await?;
+            Ok(Report::Migrated)
+        }
+        Command::Status => {
+            let stats = outbox_runtime::stats(pool).await?;
+            let by_type = outbox_runtime::stats_by_type(pool).await?;
+            Ok(Report::Status { stats, by_type })
+        }
+        Command::Dead(DeadCommand::List(args)) => list(pool, args).await,
+        Command::Dead(DeadCommand::Show { event_id }) => {
+            match dead_letters::get(pool, *event_id).await? {
+                Some(event) => Ok(Report::DeadShow(Box::new(event))),
+                None => Err(Failure::NoSuchDeadEvent(*event_id)),
+            }
+        }
+        Command::Dead(DeadCommand::Requeue(selector)) => {
+            let count = dead_letters::requeue(pool, &filter(selector)).await?;
+            found(selector, count).map(Report::Requeued)
+        }
+        Command::Dead(DeadCommand::Discard(selector)) => {
+            let count = dead_letters::discard(pool, &filter(selector)).await?;
+            found(selector, count).map(Report::Discarded)
+        }
+        Command::Purge(args) => {
+            let count = outbox_runtime::purge_published(pool, args.older_than).await?;
+            Ok(Report::Purged { count, older_than: args.older_than })
+        }
+    }
+}
+
+async fn list(pool: &PgPool, args: &ListArgs) -> Result<Report, Failure> {
+    let mut filter = DeadFilter::all();
+    if let Some(aggregate_type) = &args.aggregate_type {
+        filter = filter.aggregate_type(aggregate_type);
+    }
+    if let Some(event_type) = &args.event_type {
+        filter = filter.event_type(event_type);
+    }
+    let events = dead_letters::list(pool, &filter, args.after, args.limit).await?;
+    let full = events.len() >= args.limit as usize;
+    let next_after = events.last().filter(|_| full).map(|event| event.event_id);
+    Ok(Report::DeadList { events, next_after })
+}
+
+/// The runtime's filter for a selector; clap guarantees one of its parts is set, and that an
+/// event id or `--all` comes alone.
+fn filter(selector: &Selector) -> DeadFilter {
+    if let Some(event_id) = selector.event_id {
+        return DeadFilter::event(event_id);
+    }
+    let mut filter = DeadFilter::all();
+    if let Some(aggregate_type) = &selector.aggregate_type {
+        filter = filter.aggregate_type(aggregate_type);
+    }
+    if let Some(event_type) = &selector.event_type {
+        filter = filter.event_type(event_type);
+    }
+    filter
+}
+
+/// A named event that matched nothing is an error (a typo, or it is not dead); a filter that
+/// matched nothing is not.
+fn found(selector: &Selector, count: u64) -> Result<u64, Failure> {
+    match selector.event_id {
+        Some(event_id) if count == 0 => Err(Failure::NoSuchDeadEvent(event_id)),
+        _ => Ok(count),
+    }
+}

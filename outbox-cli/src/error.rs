@@ -1,0 +1,65 @@
+//! Why a command failed, worded for the operator reading stderr.
+
+use std::fmt;
+
+use uuid::Uuid;
+
+/// The expected shape of a database URL, quoted in errors about it.
+const URL_FORM: &str = "postgres://user@host:port/db";
+
+/// A failed command. Its `Display` is the whole message, without the leading `error: `.
+#[derive(Debug)]
+pub enum Failure {
+    /// Neither `--database-url` nor `DATABASE_URL` was given.
+    NoDatabaseUrl,
+    /// The URL does not parse; `reason` never quotes it.
+    MalformedUrl {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The database did not accept a connection.
+    Unreachable {
+        /// `host:port` or the socket path.
+        target: String,
+        /// Why, as sqlx put it.
+        reason: String,
+    },
+    /// `outbox.events` does not exist.
+    SchemaMissing,
+    /// No dead event has this id.
+    NoSuchDeadEvent(Uuid),
+    /// Anything else the runtime reported.
+    Outbox(outbox_runtime::Error),
+}
+
+impl From<outbox_runtime::Error> for Failure {
+    fn from(error: outbox_runtime::Error) -> Self {
+        match error {
+            outbox_runtime::Error::SchemaMissing => Failure::SchemaMissing,
+            other => Failure::Outbox(other),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::NoDatabaseUrl => write!(
+                f,
+                "no database given: pass --database-url or set DATABASE_URL (expected form: \
+                 {URL_FORM})"
+            ),
+            Failure::MalformedUrl { reason } => {
+                write!(f, "malformed database URL ({reason}); expected form: {URL_FORM}")
+            }
+            Failure::Unreachable { target, reason } => {
+                write!(f, "could not connect to the database at {target}: {reason}")
+            }
+            Failure::SchemaMissing => {
+                write!(f, "the outbox schema is missing: run `outbox migrate`")
+            }
+            Failure::NoSuchDeadEvent(id) => write!(f, "no dead event with id {id}"),
+            Failure::Outbox(error) => write!(f, "{error}"),
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Rendering a [`Report`]: aligned plain-text tables for people, one JSON document for scripts.
+//! The JSON field names are a stable interface, documented in each command's `--help`.
+
+use std::time::Duration;
+
+use outbox_runtime::dead_letters::DeadEvent;
+use outbox_runtime::{OutboxStats, TypeStats};
+use serde_json::{json, Value};
+use sqlx::types::chrono::{DateTime, Utc};
+
+use crate::commands::Report;
+
+/// Characters of `last_error` shown in the `dead list` table.
+const ERROR_WIDTH: usize = 60;
+
+/// The report as one JSON document.
+pub fn json(report: &Report) -> Value {
+    match report {
+        Report::Migrated => json!({ "migrated": true }),
+        Report::Status { stats, by_type } => json!({
+            "pending": stats.pending,
+            "dead": stats.dead,
+            "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
+            "by_type": by_type.iter().map(type_json).collect::<Vec<_>>(),
+        }),
+        Report::DeadList { events, next_after } => json!({
+            "events": events.iter().map(event_json).collect::<Vec<_>>(),
+            "next_after": next_after,
+        }),
+        Report::DeadShow(event) => event_json(event),
+        Report::Requeued(count) => json!({ "requeued": count }),
+        Report::Discarded(count) => json!({ "discarded": count }),
+        Report::Purged { count, older_than } => {
+            json!({ "purged": count, "older_than_secs": older_than.as_secs_f64() })
+        }
+    }
+}
+
+fn type_json(stats: &TypeStats) -> Value {
+    json!({
+        "aggregate_type": stats.aggregate_type,
+        "event_type": stats.event_type,
+        "pending": stats.pending,
+        "dead": stats.dead,
+        "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
+    })
+}
+
+fn event_json(event: &DeadEvent) -> Value {
+    json!({
+        "event_id": event.event_id,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": event.aggregate_id,
+        "event_type": event.event_type,
+        "attempts": event.attempts,
+        "created_at": rfc3339(&event.created_at),
+        "dead_at": rfc3339(&event.dead_at),
+        "last_error": event.last_error,
+        "headers": event.headers,
+        "payload": event.payload,
+    })
+}
+
+/// The report as text for a terminal, ending in a newline.
+pub fn human(report: &Report) -> String {
+    match report {
+        Report::Migrated => "the outbox schema is up to date\n".into(),
+        Report::Status { stats, by_type } => status(stats, by_type),
+        Report::DeadList { events, next_after } => dead_list(events, *next_after),
+        Report::DeadShow(event) => dead_show(event),
+        Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
+        Report::Discarded(count) => format!("discarded {}\n", plural(*count, "dead event")),
+        Report::Purged { count, older_than } => format!(
+            "purged {} published more than {} ago\n",
+            plural(*count, "event"),
+            duration(*older_than)
+        ),
+    }
+}
+
+fn status(stats: &OutboxStats, by_type: &[TypeStats]) -> String {
+    let mut out = Table::new(&[], &[false, true]);
+    out.row(["pending".into(), stats.pending.to_string()]);
+    out.row(["dead".into(), stats.dead.to_string()]);
+    out.row(["lag".into(), lag(stats.oldest_pending_age)]);
+    let mut text = out.render();
+    if !by_type.is_empty() {
+        let headers = ["AGGREGATE TYPE", "EVENT TYPE", "PENDING", "DEAD", "LAG"];
+        let mut table = Table::new(&headers, &[false, false, true, true, true]);
+        for stats in by_type {
+            table.row([
+                stats.aggregate_type.clone(),
+                stats.event_type.clone(),
+                stats.pending.to_string(),
+                stats.dead.to_string(),
+                lag(stats.oldest_pending_age),
+            ]);
+        }
+        text.push('\n');
+        text.push_str(&table.render());
+    }
+    text
+}
+
+fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {
+    if events.is_empty() {
+        return "no dead events\n".into();
+    }
+    let headers = [
+        "EVENT ID",
+        "AGGREGATE TYPE",
+        "AGGREGATE ID",
+        "EVENT TYPE",
+        "ATTEMPTS",
+        "DEAD AT",
+        "LAST ERROR",
+    ];
+    let mut table = Table::new(&headers, &[false, false, false, false, true]);
+    for event in events {
+        table.row([
+            event.event_id.to_string(),
+            event.aggregate_type.clone(),
+            event.aggregate_id.clone(),
+            event.event_type.clone(),
+            event.attempts.to_string(),
+            timestamp(&event.dead_at),
+            truncate(event.last_error.as_deref().unwrap_or("-"), ERROR_WIDTH),
+        ]);
+    }
+    let mut text = table.render();
+    if let Some(after) = next_after {
+        text.push_str(&format!("more may follow: add --after {after}\n"));
+    }
+    text
+}
+
+fn dead_show(event: &DeadEvent) -> String {
+    let mut fields = Table::new(&[], &[]);
+    fields.row(["event id".into(), event.event_id.to_string()]);
+    fields.row(["aggregate type".into(), event.aggregate_type.clone()]);
+    fields.row(["aggregate id".into(), event.aggregate_id.clone()]);
+    fields.row(["event type".into(), event.event_type.clone()]);
+    fields.row(["attempts".into(), event.attempts.to_string()]);
+    fields.row(["created at".into(), timestamp(&event.created_at)]);
+    fields.row(["dead at".into(), timestamp(&event.dead_at)]);
+    let mut text = fields.render();
+    let error = event.last_error.as_deref().unwrap_or("(none recorded)");
+    for (title, body) in [
+        ("last error", error.to_owned()),
+        ("headers", format!("{:#}", event.headers)),
+        ("payload", format!("{:#}", event.payload)),
+    ] {
+        text.push_str(&format!("\n{title}:\n"));
+        for line in body.lines() {
+            text.push_str(&format!("  {line}\n"));
+        }
+    }
+    text
+}
+
+/// `n things`, with the plural `s` only when needed.
+fn plural(n: u64, thing: &str) -> String {
+    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+}
+
+fn lag(age: Option<Duration>) -> String {
+    age.map_or_else(|| "-".into(), duration)
+}
+
+/// RFC 3339 in UTC with microseconds, PostgreSQL's precision: `2025-01-02T03:04:05.123456Z`.
+fn rfc3339(at: &DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+fn timestamp(at: &DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// A duration in its two largest units, as people read it: `850ms`, `42s`, `5m 12s`, `3h 25m`,
+/// `2d 4h`.
+pub fn duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let units = [(86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")];
+    let Some(first) = units.iter().position(|&(size, _)| secs >= size) else {
+        return "0s".into();
+    };
+    let (size, unit) = units[first];
+    let mut text = format!("{}{unit}", secs / size);
+    if let Some(&(next, next_unit)) = units.get(first + 1) {
+        let rest = secs % size / next;
+        if rest > 0 {
+            text.push_str(&format!(" {rest}{next_unit}"));
+        }
+    }
+    text
+}
+
+/// Up to `max` characters of the first line of `text`, ending in `…` when cut.
+fn truncate(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    let cut = line.chars().count() > max || line.len() < text.trim_end().len();
+    if !cut {
+        return line.to_owned();
+    }
+    let kept: String = line.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", kept.trim_end())
+}
+
+/// A plain-text table: columns padded to their widest cell, two spaces apart.
+struct Table {
+    headers: Vec<String>,
+    /// Right-aligned columns (numbers); missing entries mean left.
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(headers: &[&str], right: &[bool]) -> Self {
+        Table {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            right: right.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; control characters (newlines, tabs) become spaces so they cannot break the
+    /// layout.
+    fn row<const N: usize>(&mut self, cells: [String; N]) {
+        let clean = |cell: String| cell.replace(|c: char| c.is_control(), " ");
+        self.rows.push(cells.into_iter().map(clean).collect());
+    }
+
+    fn render(&self) -> String {
+        let header = (!self.headers.is_empty()).then_some(&self.headers);
+        let lines: Vec<&Vec<String>> = header.into_iter().chain(&self.rows).collect();
+        let columns = lines.iter().map(|cells| cells.len()).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                lines
+                    .iter()
+                    .filter_map(|cells| cells.get(c))
+                    .map(|cell| width(cell))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for cells in lines {
+            let mut line = String::new();
+            for (c, cell) in cells.iter().enumerate() {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[c] - width(cell));
+                if self.right.get(c).copied().unwrap_or(false) {
+                    line.push_str(&pad);
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    line.push_str(&pad);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Characters, not bytes: close enough to terminal columns for ids, types and messages.
+fn width(cell: &str) -> usize {
+    cell.chars().count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        let cases = [
+            (Duration::from_millis(850), "850ms"),
+            (Duration::from_secs(42), "42s"),
+            (Duration::from_secs(312), "5m 12s"),
+            (Duration::from_secs(3 * 3600 + 25 * 60 + 9), "3h 25m"),
+            (Duration::from_secs(7 * 86_400), "7d"),
+            (Duration::from_secs(2 * 86_400 + 4 * 3600), "2d 4h"),
+        ];
+        for (d, text) in cases {
+            assert_eq!(duration(d), text);
+        }
+    }
+
+    #[test]
+    fn tables_align_and_right_align_numbers() {
+        let mut table = Table::new(&["NAME", "N"], &[false, true]);
+        table.row(["a".into(), "100".into()]);
+        table.row(["long name".into(), "7".into()]);
+        assert_eq!(table.render(), "NAME         N\na          100\nlong name    7\n");
+    }
+
+    #[test]
+    fn truncation_counts_characters_and_keeps_one_line() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("ééééééééééé", 5), "éééé…");
+        assert_eq!(truncate("first\nsecond", 60), "first…");
+    }
+}

@@ -1,0 +1,559 @@
+//! The `outbox` binary, run as a process against the real PostgreSQL: its output and its effects.
+//! Each test gets a fresh database from `#[sqlx::test]`.
+
+use std::process::{Command, Output};
+
+use outbox_runtime::{emit, OutboxEvent};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+const SCHEMA_MISSING: &str = "the outbox schema is missing: run `outbox migrate`";
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: u32,
+}
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "user", event_type = "user.created")]
+struct UserCreated {
+    #[outbox(id)]
+    user_id: u32,
+}
+
+/// What a run of the binary left behind.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(self) -> Self {
+        assert_eq!(self.code, Some(0), "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert!(self.stderr.is_empty(), "stderr: {}", self.stderr);
+        self
+    }
+
+    /// Asserts the run failed with `code` and nothing on stdout; returns stderr.
+    fn fails(self, code: i32) -> String {
+        assert_eq!(self.code, Some(code), "stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        assert!(self.stdout.is_empty(), "stdout: {}", self.stdout);
+        assert!(!self.stderr.contains("panicked"), "stderr: {}", self.stderr);
+        self.stderr
+    }
+
+    fn json(self) -> Value {
+        let run = self.ok();
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+    }
+}
+
+/// The binary with no database configured but what `args` say.
+fn outbox_raw(args: &[&str]) -> Run {
+    let Output { status, stdout, stderr } = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("the outbox binary runs");
+    Run {
+        code: status.code(),
+        stdout: String::from_utf8(stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(stderr).expect("utf-8 stderr"),
+    }
+}
+
+/// The binary against the test's database.
+fn outbox(pool: &PgPool, args: &[&str]) -> Run {
+    let url = url(pool);
+    outbox_raw(&[&["--database-url", url.as_str()], args].concat())
+}
+
+/// The test database's URL, from the pool `#[sqlx::test]` made (trust auth: no password).
+fn url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("postgres")
+    )
+}
+
+async fn migrated(pool: &PgPool) {
+    outbox_runtime::migrate(pool).await.unwrap();
+}
+
+/// Inserts a dead event; ids are UUIDv7, so insertion order is list order.
+async fn dead(pool: &PgPool, aggregate_type: &str, event_type: &str, error: &str) -> Uuid {
+    let event_id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    headers, attempts, last_error, dead_at) \
+         VALUES ($1, $2, 'agg-1', $3, $4, $5, 10, $6, now())",
+    )
+    .bind(event_id)
+    .bind(aggregate_type)
+    .bind(event_type)
+    .bind(json!({ "total_cents": 4200, "lines": [1, 2] }))
+    .bind(json!({ "request_id": "req-7" }))
+    .bind(error)
+    .execute(pool)
+    .await
+    .unwrap();
+    event_id
+}
+
+/// Inserts an event published `age` ago (a PostgreSQL interval).
+async fn published(pool: &PgPool, age: &str) -> Uuid {
+    let event_id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    created_at, published_at) \
+         VALUES ($1, 'order', '1', 'order.placed', '{}', now() - $2::interval, \
+                 now() - $2::interval)",
+    )
+    .bind(event_id)
+    .bind(age)
+    .execute(pool)
+    .await
+    .unwrap();
+    event_id
+}
+
+async fn count(pool: &PgPool, condition: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM outbox.events WHERE {condition}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn ids(pool: &PgPool) -> Vec<Uuid> {
+    sqlx::query_scalar("SELECT event_id FROM outbox.events ORDER BY event_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn dead_ids(pool: &PgPool) -> Vec<Uuid> {
+    sqlx::query_scalar(
+        "SELECT event_id FROM outbox.events WHERE dead_at IS NOT NULL ORDER BY event_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The value on the line of `text` that starts with `key`.
+fn field<'a>(text: &'a str, key: &str) -> &'a str {
+    let line = text.lines().find(|line| line.starts_with(key)).unwrap_or_else(|| panic!("{text}"));
+    line[key.len()..].trim()
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_creates_the_schema_and_can_run_again(pool: PgPool) {
+    let exists = "SELECT to_regclass('outbox.events') IS NOT NULL";
+    assert!(!sqlx::query_scalar::<_, bool>(exists).fetch_one(&pool).await.unwrap());
+
+    let run = outbox(&pool, &["migrate"]).ok();
+    assert_eq!(run.stdout, "the outbox schema is up to date\n");
+    assert!(sqlx::query_scalar::<_, bool>(exists).fetch_one(&pool).await.unwrap());
+
+    assert_eq!(outbox(&pool, &["migrate", "--json"]).json(), json!({ "migrated": true }));
+    assert_eq!(count(&pool, "true").await, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_matches_the_database(pool: PgPool) {
+    migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
+    emit(&mut tx, &OrderPlaced { order_id: 2 }).await.unwrap();
+    emit(&mut tx, &UserCreated { user_id: 1 }).await.unwrap();
+    tx.commit().await.unwrap();
+    // The oldest pending event, emitted an hour and a half ago.
+    sqlx::query("UPDATE outbox.events SET created_at = now() - interval '90 minutes' WHERE aggregate_id = '2'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    dead(&pool, "order", "order.placed", "boom").await;
+    dead(&pool, "payment", "payment.failed", "boom").await;
+    published(&pool, "1 day").await;
+
+    let report = outbox(&pool, &["status", "--json"]).json();
+    let pending = count(&pool, "published_at IS NULL AND dead_at IS NULL").await;
+    let dead_rows = count(&pool, "dead_at IS NOT NULL").await;
+    assert_eq!((pending, dead_rows), (3, 2));
+    assert_eq!(report["pending"], pending);
+    assert_eq!(report["dead"], dead_rows);
+    let lag = report["oldest_pending_age_secs"].as_f64().unwrap();
+    assert!((5_400.0..5_500.0).contains(&lag), "{lag}");
+    let by_type: Vec<(&str, &str, i64, i64, bool)> = report["by_type"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["aggregate_type"].as_str().unwrap(),
+                t["event_type"].as_str().unwrap(),
+                t["pending"].as_i64().unwrap(),
+                t["dead"].as_i64().unwrap(),
+                t["oldest_pending_age_secs"].is_number(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_type,
+        [
+            ("order", "order.placed", 2, 1, true),
+            ("payment", "payment.failed", 0, 1, false),
+            ("user", "user.created", 1, 0, true),
+        ]
+    );
+
+    let text = outbox(&pool, &["status"]).ok().stdout;
+    assert_eq!(field(&text, "pending"), "3");
+    assert_eq!(field(&text, "dead"), "2");
+    assert_eq!(field(&text, "lag"), "1h 30m");
+    let table: Vec<Vec<&str>> =
+        text.lines().skip(4).map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!(table[0], ["AGGREGATE", "TYPE", "EVENT", "TYPE", "PENDING", "DEAD", "LAG"]);
+    assert_eq!(table[1], ["order", "order.placed", "2", "1", "1h", "30m"]);
+    assert_eq!(table[2], ["payment", "payment.failed", "0", "1", "-"]);
+    assert_eq!(table[3][..4], ["user", "user.created", "1", "0"]);
+    // Columns line up: every row's second column starts where its header does.
+    let lines: Vec<&str> = text.lines().skip(4).collect();
+    let column = lines[0].find("EVENT TYPE").unwrap();
+    assert!(lines[1..].iter().all(|line| line[column - 2..column] == *"  "), "{text}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_of_an_empty_outbox(pool: PgPool) {
+    migrated(&pool).await;
+    assert_eq!(
+        outbox(&pool, &["status", "--json"]).json(),
+        json!({ "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [] })
+    );
+    let text = outbox(&pool, &["status"]).ok().stdout;
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert_eq!(field(&text, "lag"), "-");
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_list_filters_pages_and_truncates(pool: PgPool) {
+    migrated(&pool).await;
+    let long_error = format!("{}\nsecond line of the trace", "x".repeat(200));
+    let a = dead(&pool, "order", "order.placed", &long_error).await;
+    let b = dead(&pool, "order", "order.paid", "downstream 503").await;
+    let c = dead(&pool, "user", "user.created", "timeout").await;
+    let mut tx = pool.begin().await.unwrap();
+    emit(&mut tx, &OrderPlaced { order_id: 9 }).await.unwrap(); // pending: never listed
+    tx.commit().await.unwrap();
+
+    let listed = |args: &[&str]| {
+        let report = outbox(&pool, &[&["dead", "list", "--json"], args].concat()).json();
+        let ids: Vec<Uuid> = report["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        (ids, report["next_after"].as_str().map(|id| id.parse::<Uuid>().unwrap()))
+    };
+    assert_eq!(listed(&[]), (vec![a, b, c], None));
+    assert_eq!(listed(&["--aggregate-type", "order"]), (vec![a, b], None));
+    assert_eq!(listed(&["--event-type", "user.created"]), (vec![c], None));
+    assert_eq!(
+        listed(&["--aggregate-type", "order", "--event-type", "user.created"]),
+        (vec![], None)
+    );
+    assert_eq!(listed(&["--limit", "2"]), (vec![a, b], Some(b)));
+    assert_eq!(listed(&["--limit", "2", "--after", &b.to_string()]), (vec![c], None));
+
+    let report = outbox(&pool, &["dead", "list", "--json", "--event-type", "order.placed"]).json();
+    let event = &report["events"][0];
+    assert_eq!(event["last_error"], long_error.as_str());
+    assert_eq!(event["attempts"], 10);
+    assert_eq!(event["aggregate_id"], "agg-1");
+    assert_eq!(event["payload"], json!({ "total_cents": 4200, "lines": [1, 2] }));
+
+    let text = outbox(&pool, &["dead", "list"]).ok().stdout;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for header in
+        ["EVENT ID", "AGGREGATE TYPE", "AGGREGATE ID", "EVENT TYPE", "ATTEMPTS", "DEAD AT"]
+    {
+        assert!(lines[0].contains(header), "{text}");
+    }
+    assert!(lines[1].starts_with(&a.to_string()) && lines[1].ends_with('…'), "{text}");
+    assert!(!text.contains("second line") && !text.contains(&"x".repeat(61)), "{text}");
+    assert!(lines[2].contains("order.paid") && lines[2].ends_with("downstream 503"), "{text}");
+    let error_column = lines[0].find("LAST ERROR").unwrap();
+    assert_eq!(lines[3].find("timeout"), Some(error_column), "{text}");
+
+    let paged = outbox(&pool, &["dead", "list", "--limit", "1"]).ok().stdout;
+    assert!(paged.contains(&format!("--after {a}")), "{paged}");
+    let none = outbox(&pool, &["dead", "list", "--event-type", "nothing.here"]).ok().stdout;
+    assert_eq!(none, "no dead events\n");
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_show_prints_everything(pool: PgPool) {
+    migrated(&pool).await;
+    let error = "handler failed: downstream 503\n  at checkout::pay\n  at relay::deliver";
+    let id = dead(&pool, "order", "order.placed", error).await;
+
+    let text = outbox(&pool, &["dead", "show", &id.to_string()]).ok().stdout;
+    assert_eq!(field(&text, "event id"), id.to_string());
+    assert_eq!(field(&text, "aggregate type"), "order");
+    assert_eq!(field(&text, "event type"), "order.placed");
+    assert_eq!(field(&text, "attempts"), "10");
+    for line in error.lines() {
+        assert!(text.contains(line), "{text}");
+    }
+    assert!(text.contains("\"total_cents\": 4200"), "payload pretty-printed: {text}");
+    assert!(text.contains("\"request_id\": \"req-7\""), "headers pretty-printed: {text}");
+
+    let event = outbox(&pool, &["dead", "show", &id.to_string(), "--json"]).json();
+    assert_eq!(event["event_id"], id.to_string());
+    assert_eq!(event["last_error"], error);
+    assert_eq!(event["headers"], json!({ "request_id": "req-7" }));
+    assert_eq!(event["payload"], json!({ "total_cents": 4200, "lines": [1, 2] }));
+    let stored: String = sqlx::query_scalar(
+        "SELECT to_char(dead_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+         FROM outbox.events",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(event["dead_at"], stored);
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_show_of_an_event_that_is_not_dead_fails(pool: PgPool) {
+    migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
+    tx.commit().await.unwrap();
+    for id in [Uuid::now_v7(), pending] {
+        let stderr = outbox(&pool, &["dead", "show", &id.to_string()]).fails(1);
+        assert_eq!(stderr, format!("error: no dead event with id {id}\n"));
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn requeue_one_a_filter_or_all(pool: PgPool) {
+    migrated(&pool).await;
+    let a = dead(&pool, "order", "order.placed", "first failure").await;
+    let b = dead(&pool, "order", "order.paid", "second failure").await;
+    let c = dead(&pool, "user", "user.created", "third failure").await;
+    let d = dead(&pool, "user", "user.deleted", "fourth failure").await;
+
+    let run = outbox(&pool, &["dead", "requeue", &a.to_string()]).ok();
+    assert_eq!(run.stdout, "requeued 1 dead event\n");
+    let row =
+        sqlx::query("SELECT dead_at, attempts, last_error FROM outbox.events WHERE event_id = $1")
+            .bind(a)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(row
+        .get::<Option<sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>>, _>("dead_at")
+        .is_none());
+    assert_eq!(row.get::<i32, _>("attempts"), 0);
+    assert_eq!(row.get::<Option<String>, _>("last_error").as_deref(), Some("first failure"));
+    assert_eq!(count(&pool, "dead_at IS NOT NULL").await, 3);
+
+    // Not dead any more: naming it again is an error, and changes nothing.
+    let stderr = outbox(&pool, &["dead", "requeue", &a.to_string()]).fails(1);
+    assert!(stderr.contains(&format!("no dead event with id {a}")), "{stderr}");
+
+    let report =
+        outbox(&pool, &["dead", "requeue", "--event-type", "user.created", "--json"]).json();
+    assert_eq!(report, json!({ "requeued": 1 }));
+    assert_eq!(dead_ids(&pool).await, [b, d], "{c} was requeued");
+
+    // A filter that matches nothing is not an error.
+    let run = outbox(&pool, &["dead", "requeue", "--aggregate-type", "nothing"]).ok();
+    assert_eq!(run.stdout, "requeued 0 dead events\n");
+
+    let run = outbox(&pool, &["dead", "requeue", "--all"]).ok();
+    assert_eq!(run.stdout, "requeued 2 dead events\n");
+    assert_eq!(count(&pool, "dead_at IS NOT NULL").await, 0);
+    assert_eq!(count(&pool, "attempts = 0 AND last_error IS NOT NULL").await, 4);
+}
+
+#[sqlx::test(migrations = false)]
+async fn discard_one_a_filter_or_all(pool: PgPool) {
+    migrated(&pool).await;
+    let a = dead(&pool, "order", "order.placed", "boom").await;
+    let b = dead(&pool, "order", "order.paid", "boom").await;
+    let c = dead(&pool, "user", "user.created", "boom").await;
+    let d = dead(&pool, "payment", "payment.failed", "boom").await;
+    let mut tx = pool.begin().await.unwrap();
+    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let run = outbox(&pool, &["dead", "discard", &a.to_string()]).ok();
+    assert_eq!(run.stdout, "discarded 1 dead event\n");
+    assert_eq!(ids(&pool).await, [b, c, d, pending]);
+
+    let report = outbox(&pool, &["dead", "discard", "--aggregate-type", "order", "--json"]).json();
+    assert_eq!(report, json!({ "discarded": 1 }));
+    assert_eq!(ids(&pool).await, [c, d, pending]);
+
+    let report = outbox(&pool, &["dead", "discard", "--all", "--json"]).json();
+    assert_eq!(report, json!({ "discarded": 2 }));
+    assert_eq!(ids(&pool).await, [pending], "pending events are never discarded");
+
+    // Pending, not dead: refused.
+    let stderr = outbox(&pool, &["dead", "discard", &pending.to_string()]).fails(1);
+    assert!(stderr.contains("no dead event with id"), "{stderr}");
+    assert_eq!(ids(&pool).await, [pending]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn requeue_and_discard_need_an_explicit_selector(pool: PgPool) {
+    migrated(&pool).await;
+    let a = dead(&pool, "order", "order.placed", "boom").await;
+    let b = dead(&pool, "user", "user.created", "boom").await;
+    let id = a.to_string();
+    for action in ["requeue", "discard"] {
+        for args in [
+            vec![],
+            vec!["--json"],
+            vec!["--all", "--event-type", "order.placed"],
+            vec![id.as_str(), "--all"],
+            vec![id.as_str(), "--aggregate-type", "order"],
+            vec!["--event-type", ""],
+        ] {
+            let stderr = outbox(&pool, &[&["dead", action], &args[..]].concat()).fails(2);
+            assert!(stderr.starts_with("error: "), "{action} {args:?}: {stderr}");
+        }
+        let stderr = outbox(&pool, &["dead", action]).fails(2);
+        assert!(stderr.contains("--all"), "the message names --all: {stderr}");
+    }
+    assert_eq!(ids(&pool).await, [a, b]);
+    assert_eq!(count(&pool, "dead_at IS NOT NULL AND attempts = 10").await, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn purge_deletes_only_old_published_events(pool: PgPool) {
+    migrated(&pool).await;
+    published(&pool, "10 days").await;
+    published(&pool, "8 days").await;
+    let recent = published(&pool, "2 days").await;
+    let yesterday = published(&pool, "1 day").await;
+    let dead_id = dead(&pool, "order", "order.placed", "boom").await;
+    sqlx::query(
+        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
+    )
+    .bind(dead_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
+    )
+    .bind(pending)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let run = outbox(&pool, &["purge", "--older-than", "7d"]).ok();
+    assert_eq!(run.stdout, "purged 2 events published more than 7d ago\n");
+    assert_eq!(ids(&pool).await, [recent, yesterday, dead_id, pending]);
+
+    let report = outbox(&pool, &["purge", "--older-than", "36h", "--json"]).json();
+    assert_eq!(report, json!({ "purged": 1, "older_than_secs": 129_600.0 }));
+    assert_eq!(ids(&pool).await, [yesterday, dead_id, pending]);
+
+    let report = outbox(&pool, &["purge", "--older-than", "90m", "--json"]).json();
+    assert_eq!(report["purged"], 1);
+    assert_eq!(ids(&pool).await, [dead_id, pending], "dead and pending events are kept");
+}
+
+#[sqlx::test(migrations = false)]
+async fn database_url_comes_from_the_environment_too(pool: PgPool) {
+    migrated(&pool).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["status", "--json"])
+        .env("DATABASE_URL", url(&pool))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["pending"], 0);
+
+    let stderr = outbox_raw(&["status"]).fails(1);
+    assert!(stderr.contains("pass --database-url or set DATABASE_URL"), "{stderr}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn missing_schema_says_to_run_migrate(pool: PgPool) {
+    let id = Uuid::now_v7().to_string();
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["dead", "list"],
+        &["dead", "show", &id],
+        &["dead", "requeue", "--all"],
+        &["dead", "discard", "--all"],
+        &["purge", "--older-than", "7d"],
+    ] {
+        let stderr = outbox(&pool, args).fails(1);
+        assert_eq!(stderr, format!("error: {SCHEMA_MISSING}\n"), "{args:?}");
+    }
+}
+
+#[test]
+fn malformed_url_shows_the_expected_form_and_never_the_password() {
+    for url in [
+        "postgres://admin:hunter2@db.internal:notaport/app",
+        "mysql://admin:hunter2@db.internal/app",
+        "admin:hunter2@db.internal",
+        "postgres://admin:hunter2@db.internal/app?sslmode=bogus",
+    ] {
+        let stderr = outbox_raw(&["--database-url", url, "status"]).fails(1);
+        assert!(stderr.starts_with("error: malformed database URL"), "{url}: {stderr}");
+        assert!(stderr.contains("postgres://user@host:port/db"), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+    }
+}
+
+#[test]
+fn unreachable_database_names_host_and_port() {
+    let stderr =
+        outbox_raw(&["--database-url", "postgres://admin:hunter2@127.0.0.1:1/app", "status"])
+            .fails(1);
+    assert!(
+        stderr.starts_with("error: could not connect to the database at 127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let url = "postgres://postgres@127.0.0.1:1/none";
+    for (args, names) in [
+        (&["purge", "--older-than", "7x"][..], "--older-than"),
+        (&["purge"], "--older-than"),
+        (&["dead", "show", "not-a-uuid"], "EVENT_ID"),
+        (&["dead", "list", "--after", "42"], "--after"),
+        (&["dead", "list", "--limit", "0"], "--limit"),
+        (&["dead", "requeue", "nope"], "EVENT_ID"),
+    ] {
+        let stderr = outbox_raw(&[&["--database-url", url], args].concat()).fails(2);
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
+}
