@@ -86,12 +86,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let config = &self.config;
         // The relay's own statements get connections of their own, so a pool busy with
         // handlers (or starved by them) cannot delay a lease renewal past its deadline.
-        let own_pool = |connections| {
-            PgPoolOptions::new()
-                .max_connections(connections)
-                .connect_lazy_with((*self.pool.connect_options()).clone())
+        // Named, so operators (and tests) can find them in pg_stat_activity.
+        let own_pool = |connections, name| {
+            let options = (*self.pool.connect_options()).clone().application_name(name);
+            PgPoolOptions::new().max_connections(connections).connect_lazy_with(options)
         };
-        let (relay_pool, listen_pool) = (own_pool(4), own_pool(1));
+        let relay_pool = own_pool(4, "outbox-relay");
+        let listen_pool = own_pool(1, "outbox-relay-listen");
         let wake = Arc::new(Notify::new());
         let held = Held::default();
         let (acks, acks_rx) = mpsc::unbounded_channel();
