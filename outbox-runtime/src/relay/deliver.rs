@@ -95,7 +95,10 @@ impl<S> Delivery<S> {
             }
             Ok(Settled::LeaseLost) => Outcome::LeaseLost,
             Err(error) => {
-                tracing::warn!(%error, "outbox event delivery failed");
+                // The text can quote the payload (serde's errors do), so it stays at debug
+                // level; it is kept in `last_error` for operators.
+                tracing::warn!("outbox event delivery failed; the error is kept in last_error");
+                tracing::debug!(%error, "outbox event delivery failed");
                 Outcome::Failed { error: clean_error(error), earlier_failures }
             }
         };
