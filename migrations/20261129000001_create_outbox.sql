@@ -54,14 +54,35 @@ CREATE INDEX events_ordered_undelivered ON outbox.events (aggregate_type, aggreg
 CREATE UNIQUE INDEX events_idempotency_key ON outbox.events (aggregate_type, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
--- Wake relays as soon as events commit: NOTIFY is delivered at commit, once per transaction.
+-- Relays asleep on LISTEN, and the event types they wait for (NULL: all). NOTIFY makes every
+-- committing transaction that sends one queue on a database-wide lock, so producers notify only
+-- when a relay that wants their events is asleep; awake relays keep looking by themselves.
+CREATE TABLE outbox.sleeping_relays (
+    relay_id    uuid        PRIMARY KEY,
+    event_types text[],
+    -- The registration lapses then, so a relay that died asleep stops costing NOTIFYs.
+    until       timestamptz NOT NULL
+);
+
+-- Wakes sleeping relays when events commit (NOTIFY is delivered at commit). A relay registers
+-- under this lock taken exclusively, and looks once more before it sleeps: so an insert either
+-- sees the registration or commits before that last look.
 CREATE FUNCTION outbox.notify_relays() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('outbox_events', '');
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('outbox.sleeping_relays', 0));
+    IF EXISTS (
+        SELECT 1 FROM outbox.sleeping_relays s
+        WHERE s.until > now()
+          AND (s.event_types IS NULL
+               OR EXISTS (SELECT 1 FROM inserted i WHERE i.event_type = ANY (s.event_types)))
+    ) THEN
+        PERFORM pg_notify('outbox_events', '');
+    END IF;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER events_notify_relays
     AFTER INSERT ON outbox.events
+    REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION outbox.notify_relays();

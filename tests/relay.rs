@@ -803,3 +803,33 @@ async fn handlers_registered_before_the_state_keep_working(pool: PgPool) {
     assert!(row_state(&pool, placed_id).await.published);
     assert_eq!(log.deliveries_per_event().keys().collect::<Vec<_>>(), [&cancelled_id]);
 }
+
+#[sqlx::test(migrations = false)]
+async fn only_a_sleeping_relay_asks_producers_for_notify(pool: PgPool) {
+    migrated(&pool).await;
+    let sleepers = || async {
+        sqlx::query_scalar::<_, Vec<String>>(
+            "SELECT event_types FROM outbox.sleeping_relays WHERE until > now()",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let log = Log::default();
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .state(log.clone())
+            .handler(log_placed)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    // Idle: registered, for the one event type it handles.
+    eventually("the idle relay registers", || async { !sleepers().await.is_empty() }).await;
+    assert_eq!(sleepers().await, [vec!["order.placed".to_owned()]]);
+
+    // Woken by the first event's NOTIFY, it withdraws while it works, then sleeps again.
+    emit_committed(&pool, &[placed(1)]).await;
+    eventually("the event is delivered", || async { log.len() == 1 }).await;
+    eventually("the relay sleeps again", || async { !sleepers().await.is_empty() }).await;
+    relay.stop().await;
+    assert!(sleepers().await.is_empty(), "a stopped relay withdraws its registration");
+}

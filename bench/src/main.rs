@@ -1,214 +1,309 @@
-//! Relay benchmarks against the local PostgreSQL, each workload in a fresh database.
+//! Benchmarks of the outbox against the local PostgreSQL, each workload in a fresh database,
+//! with the baselines measured in the same run.
 //!
-//! `cargo run --release -p outbox-bench -- [--events N] [--runs R]` prints a Markdown table of
-//! medians over R runs; ratios compare workloads measured in the same run.
+//! `cargo run --release -p outbox-bench` prints a Markdown table of medians over `--runs`
+//! (default 3); `--json` prints the medians as JSON instead; `--quick` shrinks every size for a
+//! smoke run; `--skip-heavy` leaves out the 5-million-row history and the 1-million-event
+//! memory workloads. Ratios are computed within each run, then their median is reported.
 
-use std::time::{Duration, Instant};
+mod baseline;
+mod db;
+mod emit;
+mod events;
+mod memory;
+mod relay;
 
-use outbox_runtime::{EventContext, OutboxEvent, Relay};
-use serde::{Deserialize, Serialize};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
-#[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "account", event_type = "account.credited")]
-struct Credited {
-    #[outbox(id)]
-    account: u32,
-    cents: i64,
-}
-
-#[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "ledger", event_type = "ledger.posted", ordered)]
-struct Posted {
-    #[outbox(id)]
-    account: u32,
-    cents: i64,
-}
-
-async fn noop<E>(_: EventContext, _: E) -> Result<(), std::convert::Infallible> {
-    Ok(())
-}
+use db::Database;
+use events::{credited, posted};
+use relay::Setup;
 
 struct Args {
-    events: usize,
-    runs: usize,
     url: String,
+    runs: usize,
+    quick: bool,
+    json: bool,
+    heavy: bool,
+}
+
+struct Sizes {
+    drain: usize,
+    big_drain: usize,
+    history: usize,
+    memory: usize,
+    seconds: u64,
+}
+
+/// Samples per figure, in insertion order of first use.
+#[derive(Default)]
+struct Samples(BTreeMap<&'static str, Vec<f64>>);
+
+impl Samples {
+    fn add(&mut self, name: &'static str, value: f64) {
+        eprintln!("  {name}: {value:.2}");
+        self.0.entry(name).or_default().push(value);
+    }
+
+    fn median(&self, name: &str) -> f64 {
+        let mut xs = self.0.get(name).cloned().unwrap_or_default();
+        if xs.is_empty() {
+            return f64::NAN;
+        }
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    }
 }
 
 fn args() -> Args {
     let mut args = Args {
-        events: 20_000,
-        runs: 3,
         url: std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+        runs: 3,
+        quick: false,
+        json: false,
+        heavy: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().and_then(|v| v.parse().ok()).expect("a number after the flag");
         match flag.as_str() {
-            "--events" => args.events = value(),
-            "--runs" => args.runs = value(),
-            other => panic!("unknown flag {other}; expected --events N, --runs R"),
+            "--runs" => args.runs = it.next().and_then(|v| v.parse().ok()).expect("--runs N"),
+            "--quick" => args.quick = true,
+            "--json" => args.json = true,
+            "--skip-heavy" => args.heavy = false,
+            other => {
+                panic!("unknown flag {other}: expected --runs N, --quick, --json, --skip-heavy")
+            }
         }
     }
     args
 }
 
-/// A fresh, migrated database; dropped by `drop_database`.
-async fn fresh_database(url: &str, name: &str) -> PgPool {
-    let mut admin = PgConnection::connect(url).await.expect("connect to DATABASE_URL");
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
-    let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
-    let pool =
-        PgPoolOptions::new().max_connections(8).connect(&format!("{base}/{name}")).await.unwrap();
-    outbox_runtime::migrate(&pool).await.unwrap();
-    pool
-}
-
-async fn drop_database(url: &str, name: &str, pool: PgPool) {
-    pool.close().await;
-    let mut admin = PgConnection::connect(url).await.unwrap();
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-}
-
-/// Commits `events` events in batches of 1,000.
-async fn backlog<E: OutboxEvent>(pool: &PgPool, events: usize, make: impl Fn(usize) -> E) {
-    for start in (0..events).step_by(1_000) {
-        let batch: Vec<E> = (start..events.min(start + 1_000)).map(&make).collect();
-        let mut tx = pool.begin().await.unwrap();
-        outbox_runtime::emit_all(&mut tx, &batch).await.unwrap();
-        tx.commit().await.unwrap();
-    }
-    sqlx::query("VACUUM ANALYZE outbox.events").execute(pool).await.unwrap();
-}
-
-/// Runs relays built by `relay` until every event is published; returns events per second.
-async fn drain(
-    pool: &PgPool,
-    events: usize,
-    relays: usize,
-    concurrency: usize,
-    ordered: bool,
-) -> f64 {
-    let mut running = Vec::new();
-    let mut metrics = Vec::new();
-    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
-    let started = Instant::now();
-    for _ in 0..relays {
-        let builder = Relay::builder(pool.clone()).concurrency(concurrency);
-        let relay = if ordered {
-            builder.handler(noop::<Posted>)
-        } else {
-            builder.handler(noop::<Credited>)
-        }
-        .build()
-        .unwrap();
-        metrics.push(relay.metrics());
-        let mut stopped = stop.subscribe();
-        running.push(tokio::spawn(relay.run_until(async move {
-            let _ = stopped.recv().await;
-        })));
-    }
-    loop {
-        let delivered: u64 = metrics.iter().map(|m| m.counts().delivered).sum();
-        if delivered >= events as u64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let elapsed = started.elapsed();
-    let _ = stop.send(());
-    for relay in running {
-        relay.await.unwrap().unwrap();
-    }
-    events as f64 / elapsed.as_secs_f64()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-struct Workload {
-    name: &'static str,
-    relays: usize,
-    concurrency: usize,
-    ordered: bool,
-}
-
 #[tokio::main]
 async fn main() {
+    let raw: Vec<String> = std::env::args().collect();
+    if raw.get(1).map(String::as_str) == Some("--child-drain") {
+        return memory::child(&raw[2], raw[3].parse().unwrap()).await;
+    }
     let args = args();
-    let workloads = [
-        Workload {
-            name: "drain, unordered, 1 relay, concurrency 16",
-            relays: 1,
-            concurrency: 16,
-            ordered: false,
-        },
-        Workload {
-            name: "drain, ordered (1,000 aggregates), 1 relay, concurrency 16",
-            relays: 1,
-            concurrency: 16,
-            ordered: true,
-        },
-        Workload {
-            name: "drain, unordered, 2 relays, concurrency 16",
-            relays: 2,
-            concurrency: 16,
-            ordered: false,
-        },
-        Workload {
-            name: "drain, ordered (1,000 aggregates), 2 relays, concurrency 16",
-            relays: 2,
-            concurrency: 16,
-            ordered: true,
-        },
-    ];
-    let mut results = Vec::new();
-    for workload in &workloads {
-        let mut rates = Vec::new();
-        for run in 0..args.runs {
-            let name = format!("outbox_bench_{}", std::process::id());
-            let pool = fresh_database(&args.url, &name).await;
-            if workload.ordered {
-                backlog(&pool, args.events, |i| Posted {
-                    account: (i % 1_000) as u32,
-                    cents: i as i64,
-                })
-                .await;
-            } else {
-                backlog(&pool, args.events, |i| Credited {
-                    account: (i % 1_000) as u32,
-                    cents: i as i64,
-                })
-                .await;
-            }
-            let rate =
-                drain(&pool, args.events, workload.relays, workload.concurrency, workload.ordered)
-                    .await;
-            eprintln!("{} run {}: {rate:.0} events/s", workload.name, run + 1);
-            rates.push(rate);
-            drop_database(&args.url, &name, pool).await;
+    let sizes = if args.quick {
+        Sizes { drain: 5_000, big_drain: 20_000, history: 200_000, memory: 50_000, seconds: 2 }
+    } else {
+        Sizes {
+            drain: 20_000,
+            big_drain: 100_000,
+            history: 5_000_000,
+            memory: 1_000_000,
+            seconds: 5,
         }
-        results.push(median(rates));
+    };
+    let mut s = Samples::default();
+    let secs = Duration::from_secs(sizes.seconds);
+    let c = |relays, concurrency| Setup { relays, concurrency, ordered: false };
+
+    for run in 1..=args.runs {
+        eprintln!("run {run} of {}", args.runs);
+        // 1. emit overhead
+        let db = Database::fresh(&args.url, "emit").await;
+        emit::accounts(&db.pool).await;
+        let without = emit::business(&db.pool, 8, secs, false).await;
+        let with = emit::business(&db.pool, 8, secs, true).await;
+        s.add("tx/s without emit", without);
+        s.add("tx/s with emit", with);
+        s.add("emit overhead", without / with);
+        s.add("emit_all events/s", emit::batches(&db.pool, 4, secs).await);
+        db.drop().await;
+
+        // 2. drain
+        let drain = async |events, setup: Setup| {
+            let db = Database::fresh(&args.url, "drain").await;
+            if setup.ordered {
+                db::backlog(&db.pool, events, posted).await;
+            } else {
+                db::backlog(&db.pool, events, credited).await;
+            }
+            let rate = relay::drain(&db.pool, events, setup).await;
+            db.drop().await;
+            rate
+        };
+        let c16 = drain(sizes.drain, c(1, 16)).await;
+        s.add("drain c16", c16);
+        s.add("drain c1", drain(sizes.drain, c(1, 1)).await);
+        s.add("drain c64", drain(sizes.drain, c(1, 64)).await);
+        s.add("drain 2 relays c16", drain(sizes.drain, c(2, 16)).await);
+        s.add("drain big c16", drain(sizes.big_drain, c(1, 16)).await);
+
+        // 4. ordering
+        let ordered = drain(sizes.drain, Setup { ordered: true, ..c(1, 16) }).await;
+        s.add("drain ordered c16", ordered);
+        s.add("ordered vs unordered", ordered / c16);
+
+        // 7. baselines
+        let db = Database::fresh(&args.url, "reference").await;
+        baseline::reference_schema(&db.pool, sizes.drain).await;
+        let (reference, duplicates) = baseline::reference(&db.pool, sizes.drain, 4).await;
+        db.drop().await;
+        s.add("reference events/s", reference);
+        s.add("reference extra deliveries per event", duplicates as f64 / sizes.drain as f64);
+        s.add("drain vs reference", c16 / reference);
+        let db = Database::fresh(&args.url, "handtuned").await;
+        db::backlog(&db.pool, sizes.drain, credited).await;
+        let hand_tuned = baseline::hand_tuned(&db.pool, sizes.drain).await;
+        db.drop().await;
+        s.add("hand-tuned events/s", hand_tuned);
+        s.add("drain vs hand-tuned", c16 / hand_tuned);
+
+        // 3. steady state
+        let db = Database::fresh(&args.url, "steady").await;
+        let (rate, mut latencies) = relay::steady(&db.pool, 4, secs * 2).await;
+        db.drop().await;
+        latencies.sort();
+        let at = |q: f64| {
+            let i = ((latencies.len() as f64 * q) as usize).min(latencies.len() - 1);
+            latencies[i].as_secs_f64() * 1e3
+        };
+        s.add("steady events/s", rate);
+        s.add("steady p50 ms", at(0.50));
+        s.add("steady p99 ms", at(0.99));
+        s.add("steady p99.9 ms", at(0.999));
+
+        // 5. history
+        if args.heavy {
+            let db = Database::fresh(&args.url, "history").await;
+            db::history(&db.pool, sizes.history).await;
+            db::backlog(&db.pool, sizes.drain, credited).await;
+            let rate = relay::drain(&db.pool, sizes.drain, c(1, 16)).await;
+            db.drop().await;
+            s.add("drain with history c16", rate);
+            s.add("history vs empty", rate / c16);
+        }
     }
 
-    println!(
-        "| workload | events | events/s (median of {}) | vs unordered, same relays |",
-        args.runs
-    );
-    println!("|---|---:|---:|---:|");
-    for (i, (workload, rate)) in workloads.iter().zip(&results).enumerate() {
-        let baseline = if workload.ordered { results[i - 1] } else { *rate };
-        println!("| {} | {} | {:.0} | {:.2}x |", workload.name, args.events, rate, rate / baseline);
+    // 6. memory, once: a million-event backlog is expensive to lay down.
+    if args.heavy {
+        let db = Database::fresh(&args.url, "memory").await;
+        db::backlog(&db.pool, sizes.memory, credited).await;
+        let (peak_mib, rate) = memory::measure(&db.url, sizes.memory);
+        db.drop().await;
+        s.add("memory peak MiB", peak_mib);
+        s.add("memory drain events/s", rate);
     }
+
+    if args.json {
+        let medians: BTreeMap<&str, f64> = s.0.keys().map(|k| (*k, s.median(k))).collect();
+        println!("{}", serde_json::to_string_pretty(&medians).unwrap());
+    } else {
+        print_table(&s, &sizes, args.runs);
+    }
+}
+
+fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
+    let m = |name| s.median(name);
+    let d = sizes.drain;
+    println!("Medians of {runs} runs; ratios are computed within each run.\n");
+    println!("| workload | result | target |");
+    println!("|---|---:|---|");
+    let rows: Vec<(String, String, String)> = vec![
+        (
+            "emit overhead: 8 producers, 1 UPDATE per tx, with/without one emit".into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} tx/s)",
+                m("emit overhead"),
+                m("tx/s without emit"),
+                m("tx/s with emit")
+            ),
+            target(m("emit overhead") <= 1.15, "≤ 1.15x"),
+        ),
+        (
+            "emit_all, 100 events per tx, 4 producers".into(),
+            format!("{:.0} events/s", m("emit_all events/s")),
+            target(m("emit_all events/s") >= 50_000.0, "≥ 50k/s"),
+        ),
+        (
+            format!("drain {d}, 1 relay, concurrency 1"),
+            format!("{:.0} events/s", m("drain c1")),
+            String::new(),
+        ),
+        (
+            format!("drain {d}, 1 relay, concurrency 16"),
+            format!("{:.0} events/s", m("drain c16")),
+            String::new(),
+        ),
+        (
+            format!("drain {d}, 1 relay, concurrency 64"),
+            format!("{:.0} events/s", m("drain c64")),
+            String::new(),
+        ),
+        (
+            format!("drain {d}, 2 relays, concurrency 16"),
+            format!("{:.0} events/s", m("drain 2 relays c16")),
+            String::new(),
+        ),
+        (
+            format!("drain {}, 1 relay, concurrency 16", sizes.big_drain),
+            format!("{:.0} events/s", m("drain big c16")),
+            String::new(),
+        ),
+        (
+            format!("hand-tuned plain-SQL relay, drain {d}"),
+            format!("{:.0} events/s", m("hand-tuned events/s")),
+            String::new(),
+        ),
+        (
+            "drain vs hand-tuned".into(),
+            format!("{:.2}x", m("drain vs hand-tuned")),
+            target(m("drain vs hand-tuned") >= 1.0, "≥ 1.0x"),
+        ),
+        (
+            format!("reference design SQL, 4 workers, drain {d}"),
+            format!(
+                "{:.0} events/s, {:.2} extra deliveries per event",
+                m("reference events/s"),
+                m("reference extra deliveries per event")
+            ),
+            String::new(),
+        ),
+        (
+            "drain vs reference".into(),
+            format!("{:.1}x", m("drain vs reference")),
+            target(m("drain vs reference") >= 15.0, "≥ 15x"),
+        ),
+        (
+            "steady state: 4 producers + 1 relay".into(),
+            format!(
+                "{:.0} events/s; p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms",
+                m("steady events/s"),
+                m("steady p50 ms"),
+                m("steady p99 ms"),
+                m("steady p99.9 ms")
+            ),
+            target(
+                m("steady p50 ms") <= 4.0 && m("steady p99 ms") <= 10.0,
+                "p50 ≤ 4 ms, p99 ≤ 10 ms",
+            ),
+        ),
+        (
+            format!("ordered drain {d} (1,000 aggregates) vs unordered"),
+            format!("{:.2}x ({:.0} events/s)", m("ordered vs unordered"), m("drain ordered c16")),
+            target(m("ordered vs unordered") >= 0.5, "≥ 0.5x"),
+        ),
+        (
+            format!("drain {d} behind {} published rows vs empty table", sizes.history),
+            format!("{:.2}x ({:.0} events/s)", m("history vs empty"), m("drain with history c16")),
+            target(m("history vs empty") >= 0.9, "≥ 0.9x"),
+        ),
+        (
+            format!("peak RSS of a relay process draining {}", sizes.memory),
+            format!("{:.1} MiB ({:.0} events/s)", m("memory peak MiB"), m("memory drain events/s")),
+            target(m("memory peak MiB") <= 64.0, "≤ 64 MiB"),
+        ),
+    ];
+    for (workload, result, target) in rows {
+        println!("| {workload} | {result} | {target} |");
+    }
+}
+
+fn target(met: bool, goal: &str) -> String {
+    format!("{goal}: {}", if met { "met" } else { "missed" })
 }

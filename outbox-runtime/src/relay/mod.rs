@@ -11,6 +11,7 @@ mod context;
 mod deliver;
 mod handler;
 mod held;
+mod idle;
 mod listener;
 mod metrics;
 mod transactional;
@@ -33,6 +34,7 @@ use config::RelayConfig;
 use deliver::Delivery;
 use handler::Route;
 use held::Held;
+use idle::Idle;
 
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
@@ -172,15 +174,20 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let config = &self.config;
         let mut shutdown = std::pin::pin!(shutdown.fuse());
         let mut retry = config.poll_interval;
-        loop {
+        let types = match config.unknown_events {
+            UnknownEvents::LeaveForOthers => Some(self.handled.1.clone()),
+            UnknownEvents::Fail => None,
+        };
+        let mut idle = Idle::new(types, config.poll_interval);
+        let result = 'work: loop {
             if shutdown.as_mut().now_or_never().is_some() {
-                return Ok(());
+                break Ok(());
             }
             while work.tasks.try_join_next().is_some() {}
             while work.tasks.len() >= config.concurrency {
                 tokio::select! {
                     biased;
-                    () = &mut shutdown => return Ok(()),
+                    () = &mut shutdown => break 'work Ok(()),
                     _ = work.tasks.join_next() => {}
                 }
             }
@@ -191,28 +198,29 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             match self.lease(pool, &work.held).await {
                 Ok((rows, full)) => {
                     retry = config.poll_interval;
-                    work.queue.extend(rows);
-                    if full || !work.queue.is_empty() {
+                    if full || !rows.is_empty() {
+                        work.queue.extend(rows);
+                        idle.found_work(pool).await;
                         continue;
                     }
-                    // Nothing available: sleep until a NOTIFY or the next poll.
                     tokio::select! {
-                        () = &mut shutdown => return Ok(()),
-                        () = wake.notified() => {}
-                        () = tokio::time::sleep(config.poll_interval) => {}
+                        () = &mut shutdown => break Ok(()),
+                        () = idle.wait(pool, wake) => {}
                     }
                 }
-                Err(Error::SchemaMissing) => return Err(Error::SchemaMissing),
+                Err(Error::SchemaMissing) => break Err(Error::SchemaMissing),
                 Err(error) => {
                     tracing::warn!(%error, retry_in = ?retry, "cannot lease outbox events");
                     tokio::select! {
-                        () = &mut shutdown => return Ok(()),
+                        () = &mut shutdown => break Ok(()),
                         () = tokio::time::sleep(retry) => {}
                     }
                     retry = retry.saturating_mul(2).min(Duration::from_secs(30));
                 }
             }
-        }
+        };
+        idle.unregister(pool).await;
+        result
     }
 
     /// Leases one batch; returns the deliverable rows and whether the batch was full.

@@ -1,0 +1,81 @@
+//! What `emit` costs a producer.
+
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::events::{credited, Credited};
+
+pub async fn accounts(pool: &PgPool) {
+    sqlx::query("CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO accounts SELECT i, 0 FROM generate_series(0, 999) AS i")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// `producers` tasks commit transactions of one UPDATE (plus one `emit` if `with_emit`) for
+/// `duration`; returns transactions per second.
+pub async fn business(pool: &PgPool, producers: usize, duration: Duration, with_emit: bool) -> f64 {
+    let until = Instant::now() + duration;
+    let tasks: Vec<_> = (0..producers)
+        .map(|p| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut done = 0_u64;
+                let mut account = p as i32 * 97;
+                while Instant::now() < until {
+                    account = (account + 7) % 1_000;
+                    let mut tx = pool.begin().await.unwrap();
+                    sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
+                        .bind(account)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    if with_emit {
+                        let event = Credited { account: account as u32, cents: 1 };
+                        outbox_runtime::emit(&mut tx, &event).await.unwrap();
+                    }
+                    tx.commit().await.unwrap();
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    done as f64 / duration.as_secs_f64()
+}
+
+/// `producers` tasks commit `emit_all` batches of 100 events for `duration`; returns events
+/// per second.
+pub async fn batches(pool: &PgPool, producers: usize, duration: Duration) -> f64 {
+    let until = Instant::now() + duration;
+    let tasks: Vec<_> = (0..producers)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let batch: Vec<Credited> = (0..100).map(credited).collect();
+                let mut done = 0_u64;
+                while Instant::now() < until {
+                    let mut tx = pool.begin().await.unwrap();
+                    outbox_runtime::emit_all(&mut tx, &batch).await.unwrap();
+                    tx.commit().await.unwrap();
+                    done += 100;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    done as f64 / duration.as_secs_f64()
+}
