@@ -1,11 +1,13 @@
 //! Our relay: draining a backlog, and steady state with producers running.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::{EventContext, Relay};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
+use uuid::Uuid;
 
 use crate::events::{Credited, Posted};
 
@@ -53,21 +55,16 @@ pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> f64 {
 }
 
 /// Steady state: `producers` tasks each commit one event per transaction for `duration`
-/// while one relay delivers. Returns (delivered events/s, latencies from commit to handler).
+/// while one relay delivers. Returns (delivered events/s, latencies from the end of each
+/// emitting commit, as the producer saw it, to the handler call).
 pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64, Vec<Duration>) {
-    #[derive(Clone, Default)]
-    struct Clock(Arc<Mutex<Vec<Duration>>>);
-    async fn timed(ctx: EventContext<(Clock, Instant)>, e: Credited) -> Result<(), std::io::Error> {
-        // `cents` carries the commit time in microseconds since the bench's epoch.
-        let (clock, epoch) = ctx.state();
-        let committed = Duration::from_micros(e.cents as u64);
-        clock.0.lock().unwrap().push(epoch.elapsed().saturating_sub(committed));
+    type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+    async fn timed(ctx: EventContext<Times>, _: Credited) -> Result<(), std::io::Error> {
+        ctx.state().lock().unwrap().insert(ctx.event_id(), Instant::now());
         Ok(())
     }
-    let clock = Clock::default();
-    let epoch = Instant::now();
-    let relay =
-        Relay::builder(pool.clone()).state((clock.clone(), epoch)).handler(timed).build().unwrap();
+    let handled: Times = Arc::default();
+    let relay = Relay::builder(pool.clone()).state(handled.clone()).handler(timed).build().unwrap();
     let metrics = relay.metrics();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(relay.run_until(async {
@@ -80,31 +77,30 @@ pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64
         .map(|p| {
             let pool = pool.clone();
             tokio::spawn(async move {
-                let mut sent = 0_u64;
+                let mut committed = Vec::new();
                 while Instant::now() < until {
-                    // The commit time is only known after the commit: the event carries the
-                    // time just before it, and latency is measured from there (a slight
-                    // overestimate, by the commit's own duration).
                     let mut tx = pool.begin().await.unwrap();
-                    let at = epoch.elapsed().as_micros() as i64;
-                    let event = Credited { account: p as u32, cents: at };
-                    outbox_runtime::emit(&mut tx, &event).await.unwrap();
+                    let event = Credited { account: p as u32, cents: 1 };
+                    let id = outbox_runtime::emit(&mut tx, &event).await.unwrap();
                     tx.commit().await.unwrap();
-                    sent += 1;
+                    committed.push((id, Instant::now()));
                 }
-                sent
+                committed
             })
         })
         .collect();
-    let mut sent = 0;
+    let mut committed = Vec::new();
     for producer in producers {
-        sent += producer.await.unwrap();
+        committed.extend(producer.await.unwrap());
     }
-    while metrics.counts().delivered < sent {
+    while metrics.counts().delivered < committed.len() as u64 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let _ = stop.send(());
     running.await.unwrap().unwrap();
-    let latencies = std::mem::take(&mut *clock.0.lock().unwrap());
-    (sent as f64 / duration.as_secs_f64(), latencies)
+    let handled = handled.lock().unwrap();
+    // The relay can see a commit before the producer's COMMIT returns: that counts as zero.
+    let latencies =
+        committed.iter().map(|(id, at)| handled[id].saturating_duration_since(*at)).collect();
+    (committed.len() as f64 / duration.as_secs_f64(), latencies)
 }
