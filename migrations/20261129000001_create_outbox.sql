@@ -66,8 +66,10 @@ CREATE TABLE outbox.sleeping_relays (
 
 -- Wakes sleeping relays when events commit (NOTIFY is delivered at commit). A relay registers
 -- under this lock taken exclusively, and looks once more before it sleeps: so an insert either
--- sees the registration or commits before that last look.
-CREATE FUNCTION outbox.notify_relays() RETURNS trigger LANGUAGE plpgsql AS $$
+-- sees the registration or commits before that last look. SECURITY DEFINER, so an application
+-- role that may only insert events needs no access to the registrations.
+CREATE FUNCTION outbox.notify_relays() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended('outbox.sleeping_relays', 0));
     IF EXISTS (

@@ -69,7 +69,7 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     options: EmitOptions,
 ) -> Result<Vec<Uuid>, Error> {
     let invalid = |reason| Error::InvalidEvent { event_type: E::EVENT_TYPE, reason };
-    let headers = json::to_json(&options.headers).map_err(invalid)?;
+    let headers = json::to_json(&options.headers, "a header").map_err(invalid)?;
     if options.idempotency_key.as_deref().is_some_and(|key| key.contains('\0')) {
         return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
     }
@@ -80,7 +80,7 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
         if aggregate_id.contains('\0') {
             return Err(invalid(InvalidEvent::NulCharacter("the aggregate id")));
         }
-        let payload = json::to_json(event).map_err(invalid)?;
+        let payload = json::to_json(event, "the payload").map_err(invalid)?;
         rows.push(Uuid::now_v7(), aggregate_id, payload);
     }
     match (rows.len(), &options.idempotency_key) {

@@ -9,14 +9,18 @@ use crate::error::InvalidEvent;
 /// On top of `serde_json`'s own errors (non-string map keys, failing `Serialize` impls) this
 /// rejects non-finite floats, which `serde_json` writes as `null` (losing the value), and NUL
 /// characters, which `jsonb` refuses (aborting the caller's transaction).
-pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, InvalidEvent> {
+/// `what` names the value in the error (`"the payload"`, `"a header"`).
+pub(crate) fn to_json<T: Serialize + ?Sized>(
+    value: &T,
+    what: &'static str,
+) -> Result<String, InvalidEvent> {
     let json = serde_json::to_string(value).map_err(InvalidEvent::Serialize)?;
     // A non-finite float always comes out as `null`: only then is the second pass needed.
     if json.contains("null") {
         value.serialize(FiniteFloats).map_err(|NonFinite(x)| InvalidEvent::NonFiniteFloat(x))?;
     }
     if has_escaped_nul(&json) {
-        return Err(InvalidEvent::NulCharacter("the payload"));
+        return Err(InvalidEvent::NulCharacter(what));
     }
     Ok(json)
 }
@@ -212,30 +216,32 @@ mod tests {
 
     #[test]
     fn rejects_non_finite_floats_anywhere() {
-        assert!(matches!(to_json(&f64::NAN), Err(InvalidEvent::NonFiniteFloat(x)) if x.is_nan()));
+        assert!(
+            matches!(to_json(&f64::NAN, "x"), Err(InvalidEvent::NonFiniteFloat(x)) if x.is_nan())
+        );
         assert!(matches!(
-            to_json(&vec![Some(1.0), None, Some(f64::INFINITY)]),
+            to_json(&vec![Some(1.0), None, Some(f64::INFINITY)], "x"),
             Err(InvalidEvent::NonFiniteFloat(x)) if x == f64::INFINITY
         ));
         let map = BTreeMap::from([("a", f32::NEG_INFINITY)]);
-        assert!(matches!(to_json(&map), Err(InvalidEvent::NonFiniteFloat(_))));
+        assert!(matches!(to_json(&map, "x"), Err(InvalidEvent::NonFiniteFloat(_))));
     }
 
     #[test]
     fn keeps_real_nulls_and_finite_floats() {
-        assert_eq!(to_json(&(None::<u8>, 1.5, ())).unwrap(), "[null,1.5,null]");
+        assert_eq!(to_json(&(None::<u8>, 1.5, ()), "x").unwrap(), "[null,1.5,null]");
     }
 
     #[test]
     fn rejects_non_string_map_keys() {
         let map = BTreeMap::from([((1, 2), "x")]);
-        assert!(matches!(to_json(&map), Err(InvalidEvent::Serialize(_))));
+        assert!(matches!(to_json(&map, "x"), Err(InvalidEvent::Serialize(_))));
     }
 
     #[test]
     fn finds_nul_but_not_an_escaped_backslash() {
-        assert!(matches!(to_json("a\0b"), Err(InvalidEvent::NulCharacter(_))));
-        assert_eq!(to_json(r"\u0000").unwrap(), r#""\\u0000""#);
+        assert!(matches!(to_json("a\0b", "x"), Err(InvalidEvent::NulCharacter(_))));
+        assert_eq!(to_json(r"\u0000", "x").unwrap(), r#""\\u0000""#);
         assert!(has_escaped_nul(r#""\\\u0000""#));
     }
 }

@@ -79,13 +79,13 @@ impl Acker {
                     Err(_) => break,
                 }
             }
-            // Acknowledge under the current token: if this relay re-leased a row it was
-            // already delivering, the delivery under way answers for the new lease.
+            // Settled rows are no longer renewed, and are acknowledged under the lease their
+            // delivery answers for (see `Held::settle`).
             for ack in &mut batch {
-                ack.token = self.held.token(ack.event_id).unwrap_or(ack.token);
+                ack.token = self.held.settle(ack.event_id, ack.token);
             }
             self.apply(&batch).await;
-            self.held.forget(batch.drain(..).map(|ack| ack.event_id));
+            batch.clear();
         }
     }
 

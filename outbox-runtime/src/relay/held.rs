@@ -18,7 +18,12 @@ pub(crate) struct Held(Arc<Mutex<HashMap<Uuid, Lease>>>);
 
 #[derive(Debug)]
 struct Lease {
+    /// The row's current lease token.
     token: Uuid,
+    /// The token of the lease the delivery started under. It differs from `token` only if this
+    /// relay leased the row again while delivering it (after a slow renewal): the delivery
+    /// then acknowledges under the new lease.
+    delivery_token: Uuid,
     /// When the database last confirmed the lease (lease or renewal statement sent): the
     /// lease is certainly valid until this plus the lease timeout.
     confirmed_at: Instant,
@@ -37,13 +42,17 @@ impl Held {
             lease.confirmed_at = leased_at;
             return false;
         }
-        held.insert(event_id, Lease { token, confirmed_at: leased_at, delivery: None });
+        let lease = Lease { token, delivery_token: token, confirmed_at: leased_at, delivery: None };
+        held.insert(event_id, lease);
         true
     }
 
-    /// Whether the lease is still held and certainly valid, so a delivery may start.
-    pub(crate) fn is_valid(&self, event_id: Uuid, lease_timeout: Duration) -> bool {
-        self.lock().get(&event_id).is_some_and(|lease| lease.confirmed_at.elapsed() < lease_timeout)
+    /// Whether the row leased under `token` is still held under that lease and certainly
+    /// valid, so its delivery may start.
+    pub(crate) fn is_valid(&self, event_id: Uuid, token: Uuid, lease_timeout: Duration) -> bool {
+        self.lock().get(&event_id).is_some_and(|lease| {
+            lease.delivery_token == token && lease.confirmed_at.elapsed() < lease_timeout
+        })
     }
 
     pub(crate) fn started(&self, event_id: Uuid, delivery: AbortHandle) {
@@ -52,16 +61,28 @@ impl Held {
         }
     }
 
-    /// The current token of a held row.
-    pub(crate) fn token(&self, event_id: Uuid) -> Option<Uuid> {
-        self.lock().get(&event_id).map(|lease| lease.token)
+    /// The token a delivery that started under `token` acknowledges with: the row's current
+    /// one while this relay still holds the row for that delivery, else its own (which the
+    /// database then refuses if the row was leased again).
+    pub(crate) fn current_token(&self, event_id: Uuid, token: Uuid) -> Uuid {
+        match self.lock().get(&event_id) {
+            Some(lease) if lease.delivery_token == token => lease.token,
+            _ => token,
+        }
     }
 
-    /// Forgets acknowledged rows.
-    pub(crate) fn forget(&self, event_ids: impl IntoIterator<Item = Uuid>) {
+    /// Stops holding a row whose delivery (started under `token`) ended, before its outcome is
+    /// written; returns the token to write it under (see [`Held::current_token`]). A delivery
+    /// given up earlier leaves a newer lease of the same row alone.
+    pub(crate) fn settle(&self, event_id: Uuid, token: Uuid) -> Uuid {
         let mut held = self.lock();
-        for event_id in event_ids {
-            held.remove(&event_id);
+        match held.get(&event_id) {
+            Some(lease) if lease.delivery_token == token => {
+                let current = lease.token;
+                held.remove(&event_id);
+                current
+            }
+            _ => token,
         }
     }
 

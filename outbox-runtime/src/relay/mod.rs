@@ -261,7 +261,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     }
 
     fn start(&self, work: &mut Work, row: LeasedEvent) {
-        if !work.held.is_valid(row.event_id, self.config.lease_timeout) {
+        if !work.held.is_valid(row.event_id, row.lease_token, self.config.lease_timeout) {
             // The lease ran out while the row waited (renewals failed): it is not ours to run.
             return;
         }

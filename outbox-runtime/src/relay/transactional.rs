@@ -127,7 +127,7 @@ where
             // comes back below, or was dropped, and rolls back either way.
             handler.call(ctx, event).await?;
             let mut tx = returned.await.map_err(|_| "the handler's transaction was lost")?;
-            let token = lease.held.token(lease.event_id).unwrap_or(lease.token);
+            let token = lease.held.current_token(lease.event_id, lease.token);
             let published = store::publish(&mut *tx, &[lease.event_id], &[token]).await?;
             if published.is_empty() {
                 tx.rollback().await?;
