@@ -175,7 +175,7 @@ pub(crate) async fn publish(
          FROM UNNEST($1::uuid[], $2::uuid[]) AS a(event_id, lease_token) \
          WHERE e.event_id = a.event_id AND e.lease_token = a.lease_token \
            AND e.event_id IN (SELECT event_id FROM locked) \
-           AND e.published_at IS NULL \
+           AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id",
     )
     .bind(ids)
@@ -229,7 +229,7 @@ pub(crate) async fn fail(
               AS f(event_id, lease_token, error, retry_in) \
          WHERE e.event_id = f.event_id AND e.lease_token = f.lease_token \
            AND e.event_id IN (SELECT event_id FROM locked) \
-           AND e.published_at IS NULL \
+           AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id, e.dead_at IS NOT NULL",
     )
     .bind(&failures.event_ids)

@@ -1,0 +1,86 @@
+-- Least-privilege roles for the outbox: the grants each part of it needs, and no more.
+--
+-- Three roles. Their names here are placeholders: replace `outbox_owner`, `outbox_app` and
+-- `outbox_relay` throughout with yours (tests/privileges.rs runs this file with unique names
+-- substituted, against PostgreSQL 15, and proves every claim below).
+--
+--   outbox_owner  owns the `outbox` schema and runs `outbox_runtime::migrate` (or `outbox migrate`)
+--                 at deploy time. Not a superuser.
+--   outbox_app    your application's role: `emit`, `emit_with`, `emit_all` inside its own
+--                 transactions. It keeps whatever it already has on its own tables.
+--   outbox_relay  runs `Relay` (deliver, retry, dead letters, `RelayBuilder::retention`) and the
+--                 operations: `dead_letters::{list, get, requeue, discard}`, `purge_published`,
+--                 `stats`, `stats_by_type`, and the `outbox` CLI's commands other than `migrate`.
+--
+-- No role needs SUPERUSER, CREATEROLE, CREATEDB, BYPASSRLS or REPLICATION at run time.
+-- The library builds no SQL from input: every value is bound, and the schema and table names
+-- are fixed (`outbox.events`), so there is no identifier to configure or to inject through.
+--
+-- What the statements need, and why (found by testing, not guessed):
+--   * Emit is one `INSERT ... ON CONFLICT (aggregate_type, idempotency_key) WHERE ... DO NOTHING
+--     RETURNING event_id`, used with and without an idempotency key. PostgreSQL requires
+--     SELECT on the columns of the conflict target (aggregate_type, idempotency_key) to infer
+--     the arbiter index, and SELECT on event_id for RETURNING; the lookup after a duplicate key
+--     reads the same three columns. So the application needs SELECT on those three columns
+--     even if it never uses idempotency keys, and on nothing else: it cannot read payloads,
+--     headers or aggregate ids.
+--   * `seq` is an identity column: inserting draws from its sequence without any privilege on
+--     it, so there is no GRANT on `outbox.events_seq_seq`.
+--   * The insert trigger's function `outbox.notify_relays()` is not checked for EXECUTE when the
+--     trigger fires, so EXECUTE is revoked from PUBLIC below. It is SECURITY DEFINER (with a
+--     pinned search_path): it reads `outbox.sleeping_relays` as the owner, so the application
+--     needs no access to that table.
+--   * The trigger calls `pg_notify`, `pg_advisory_xact_lock_shared` and `hashtextextended`, and
+--     ordered emits call `pg_advisory_xact_lock`: all executable by PUBLIC in a default cluster.
+--     If yours revoked them from PUBLIC, grant them to outbox_app (and `pg_notify` and
+--     `pg_try_advisory_xact_lock` to outbox_relay: `dead_letters::requeue` notifies, and an idle
+--     relay registers in `outbox.sleeping_relays` under that lock).
+--   * The relay's lease takes row locks (`FOR UPDATE SKIP LOCKED`), which needs UPDATE on at
+--     least one column; it updates only the bookkeeping columns, so it gets UPDATE on those alone
+--     and cannot rewrite an event's payload, headers, type or ids. LISTEN needs no privilege.
+--
+-- Run the steps in order: `roles` and `database` as a superuser (or a role with CREATEROLE
+-- that owns the database), then `outbox_runtime::migrate` connected as outbox_owner, then
+-- `objects` as outbox_owner (or a superuser). Run `objects` again after upgrading the outbox if a
+-- release notes a schema change: column grants do not extend to new columns.
+
+-- step: roles
+-- Add PASSWORD '...' (or whatever your authentication uses) to each.
+CREATE ROLE outbox_owner LOGIN;
+CREATE ROLE outbox_app LOGIN;
+CREATE ROLE outbox_relay LOGIN;
+
+-- step: database
+-- CONNECT is granted to PUBLIC by default; granting it explicitly keeps these roles working in a
+-- database that revoked it. `migrate` runs `CREATE SCHEMA IF NOT EXISTS outbox` every time, and
+-- PostgreSQL checks CREATE on the database even when the schema exists, so the owner keeps it.
+DO $$
+BEGIN
+    EXECUTE format('GRANT CONNECT, CREATE ON DATABASE %I TO outbox_owner', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO outbox_app, outbox_relay', current_database());
+END
+$$;
+
+-- step: objects
+-- After `outbox_runtime::migrate` ran as outbox_owner (which then owns the schema, the table and
+-- the migration history `outbox._sqlx_migrations`, on which nobody else gets anything).
+GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay;
+
+-- The application: insert events, and read the three columns emit's statements need.
+GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, headers,
+              available_at, ordered, idempotency_key)
+    ON outbox.events TO outbox_app;
+GRANT SELECT (event_id, aggregate_type, idempotency_key) ON outbox.events TO outbox_app;
+
+-- The relay: read events, update their delivery bookkeeping, delete published (retention) and
+-- dead (discard) ones. No INSERT: a relay whose transactional handlers emit follow-up events
+-- also needs outbox_app's grants (`GRANT outbox_app TO outbox_relay`).
+GRANT SELECT, DELETE ON outbox.events TO outbox_relay;
+GRANT UPDATE (available_at, lease_token, attempts, last_error, dead_at, published_at)
+    ON outbox.events TO outbox_relay;
+-- An idle relay registers itself as asleep (an upsert), and withdraws when it wakes.
+GRANT SELECT, INSERT, DELETE ON outbox.sleeping_relays TO outbox_relay;
+GRANT UPDATE (event_types, until) ON outbox.sleeping_relays TO outbox_relay;
+
+-- Nobody calls the trigger function directly; firing the trigger needs no EXECUTE.
+REVOKE EXECUTE ON FUNCTION outbox.notify_relays() FROM PUBLIC;

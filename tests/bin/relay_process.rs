@@ -1,0 +1,193 @@
+//! `relay-process`: a relay in a process of its own, for the crash and soak tests
+//! (`tests/faults_crash.rs`), which SIGKILL it, run several at once and read its memory use.
+//!
+//! It delivers `job.run` events to a plain (not transactional) handler that records each
+//! delivery as a row `(event_id, attempt, pid, ok)` in the table `deliveries`, which the test
+//! creates. The record commits apart from the acknowledgement, so a kill between the two leaves a
+//! legitimate duplicate for the test to account for.
+//!
+//! Runs until SIGTERM or ctrl-c (graceful shutdown; prints its counts to stderr and exits 0) or
+//! until it is killed. Settings, all optional except the database URL:
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `DATABASE_URL` (or the first argument) | | where the outbox lives |
+//! | `RELAY_CONCURRENCY` | 16 | handlers at once |
+//! | `RELAY_BATCH_SIZE` | 50 | rows per lease statement |
+//! | `RELAY_LEASE_TIMEOUT_MS` | 1000 | lease timeout |
+//! | `RELAY_MAX_ATTEMPTS` | 10 | attempts before a row is dead |
+//! | `RELAY_POLL_INTERVAL_MS` | 50 | idle polling |
+//! | `RELAY_BACKOFF_BASE_MS`, `RELAY_BACKOFF_CAP_MS` | 10, 50 | retry delays, without jitter |
+//! | `RELAY_POOL_CONNECTIONS` | 4 | the handlers' pool (the relay opens 5 more of its own) |
+//! | `RELAY_WORKER_THREADS` | 2 | tokio worker threads |
+//! | `FAIL_PERCENT` | 0 | share of attempts that fail, decided from a hash of event id and attempt |
+//! | `POISON_EVERY` | 0 (off) | jobs whose `n` is a multiple of this fail on every attempt |
+//! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
+//! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
+
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// The test event; `tests/faults_crash.rs` declares the same type to emit it.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "job", event_type = "job.run")]
+struct JobRun {
+    #[outbox(id)]
+    job: u64,
+    n: u64,
+}
+
+#[derive(Clone)]
+struct Worker {
+    pool: PgPool,
+    pid: i32,
+    fail_percent: u64,
+    poison_every: u64,
+    sleep: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct JobFailed(String);
+
+impl Worker {
+    /// Whether this attempt fails: always for poisoned jobs, else for `fail_percent` of the
+    /// `(event id, attempt)` pairs, the same ones in every process and every run.
+    fn fails(&self, ctx: &EventContext<Self>, job: &JobRun) -> bool {
+        if self.poison_every > 0 && job.n % self.poison_every == 0 {
+            return true;
+        }
+        let id = ctx.event_id().as_u128();
+        let seed = (id as u64) ^ ((id >> 64) as u64) ^ (u64::from(ctx.attempt()) << 56);
+        splitmix64(seed) % 100 < self.fail_percent
+    }
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+async fn run_job(ctx: EventContext<Worker>, job: JobRun) -> Result<(), JobFailed> {
+    let worker = ctx.state();
+    let fails = worker.fails(&ctx, &job);
+    if !worker.sleep.is_zero() {
+        tokio::time::sleep(worker.sleep).await;
+    }
+    // Not in the acknowledgement's transaction: a kill after this commits and before the
+    // acknowledgement does is a duplicate delivery, as at-least-once allows.
+    sqlx::query("INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, $4)")
+        .bind(ctx.event_id())
+        .bind(i32::try_from(ctx.attempt()).unwrap_or(i32::MAX))
+        .bind(worker.pid)
+        .bind(!fails)
+        .execute(&worker.pool)
+        .await
+        .map_err(|error| JobFailed(format!("cannot record the delivery: {error}")))?;
+    if fails {
+        return Err(JobFailed(format!("job {} failed on attempt {}", job.job, ctx.attempt())));
+    }
+    Ok(())
+}
+
+fn setting<T: FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Ok(value) => value.parse().map_err(|_| format!("{name}={value:?} is not a valid value")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn millis(name: &str, default: u64) -> Result<Duration, String> {
+    setting(name, default).map(Duration::from_millis)
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("relay-process {}: {error}", std::process::id());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let filter = std::env::var("RELAY_LOG").unwrap_or_else(|_| "warn".to_owned());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(setting("RELAY_WORKER_THREADS", 2)?)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the runtime: {error}"))?;
+    runtime.block_on(relay())
+}
+
+async fn relay() -> Result<(), String> {
+    // Installed first, so a SIGTERM at any time after start-up means a graceful shutdown.
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|error| format!("cannot catch SIGTERM: {error}"))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+
+    let url = match std::env::args().nth(1) {
+        Some(url) => url,
+        None => std::env::var("DATABASE_URL").map_err(|_| "no DATABASE_URL given".to_owned())?,
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(setting("RELAY_POOL_CONNECTIONS", 4)?)
+        .connect(&url)
+        .await
+        .map_err(|error| format!("cannot connect: {error}"))?;
+    let worker = Worker {
+        pool: pool.clone(),
+        pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+        fail_percent: setting("FAIL_PERCENT", 0)?,
+        poison_every: setting("POISON_EVERY", 0)?,
+        sleep: millis("HANDLER_SLEEP_MS", 0)?,
+    };
+    let backoff = Backoff {
+        base: millis("RELAY_BACKOFF_BASE_MS", 10)?,
+        cap: millis("RELAY_BACKOFF_CAP_MS", 50)?,
+        jitter: false,
+    };
+    let relay = Relay::builder(pool)
+        .state(worker)
+        .handler(run_job)
+        .concurrency(setting("RELAY_CONCURRENCY", 16)?)
+        .batch_size(setting("RELAY_BATCH_SIZE", 50)?)
+        .lease_timeout(millis("RELAY_LEASE_TIMEOUT_MS", 1_000)?)
+        .max_attempts(setting("RELAY_MAX_ATTEMPTS", 10)?)
+        .poll_interval(millis("RELAY_POLL_INTERVAL_MS", 50)?)
+        .backoff(backoff)
+        .build()
+        .map_err(|error| error.to_string())?;
+    let counts = relay.run_until(shutdown).await.map_err(|error| error.to_string())?;
+    // One line the tests parse.
+    eprintln!(
+        "relay-process {} stopped: delivered={} failed={} dead={} released={} lost_leases={}",
+        std::process::id(),
+        counts.delivered,
+        counts.failed,
+        counts.dead,
+        counts.released,
+        counts.lost_leases
+    );
+    Ok(())
+}

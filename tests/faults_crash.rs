@@ -1,0 +1,503 @@
+//! Faults with real processes against the real PostgreSQL: a relay SIGKILLed mid-drain and
+//! restarted loses nothing and delivers again only what it held; several relays with failing
+//! handlers end with every event published or dead, attempts and errors consistent, memory flat.
+//!
+//! The relay is the `relay-process` binary (`tests/bin/relay_process.rs`); its handler records
+//! every delivery as `(event_id, attempt, pid, ok)` in a `deliveries` table created here, apart
+//! from the acknowledgement, so the table shows what handlers saw, duplicates included.
+//! `OUTBOX_SOAK_EVENTS` sets the soak's size (default 5,000).
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use support::migrated;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+/// The event `relay-process` handles, declared the same there.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "job", event_type = "job.run")]
+struct JobRun {
+    #[outbox(id)]
+    job: u64,
+    n: u64,
+}
+
+/// A running `relay-process`, killed when dropped so a failing test leaves no relay behind.
+/// Its stderr (warnings, and its counts at a graceful exit) goes to a file of its own.
+struct RelayProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl RelayProcess {
+    fn spawn(pool: &PgPool, settings: &[(&str, &str)]) -> Self {
+        let log = std::env::temp_dir().join(format!("relay-process-{}.log", Uuid::new_v4()));
+        let child = Command::new(env!("CARGO_BIN_EXE_relay-process"))
+            .arg(database_url(pool))
+            .envs(settings.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("the relay's log file is created"))
+            .spawn()
+            .expect("relay-process starts");
+        RelayProcess { child, log }
+    }
+
+    /// What the relay wrote to stderr so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory in KiB (`VmRSS` in `/proc/<pid>/status`).
+    fn rss_kib(&self) -> u64 {
+        let pid = self.pid();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|error| panic!("relay-process {pid} is gone: {error}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS for relay-process {pid}"))
+    }
+
+    /// SIGKILL, then reap; returns the relay's log.
+    fn kill(mut self) -> String {
+        self.child.kill().expect("SIGKILL is delivered");
+        self.child.wait().expect("the killed relay is reaped");
+        self.log()
+    }
+
+    /// SIGTERM; waits for a graceful exit and returns what the relay reported, and its log.
+    async fn terminate(mut self) -> (Counts, String) {
+        let pid = self.pid();
+        let sent = Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "relay-process {pid} ignored SIGTERM for 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let log = self.log();
+        assert!(exit.success(), "relay-process {pid} exited with {exit}: {log}");
+        (Counts::parse(&log), log)
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// How many times each kind of warning or error appears in a relay's log, for the test output.
+fn log_summary(log: &str) -> HashMap<String, usize> {
+    let mut kinds = HashMap::new();
+    for line in log.lines().filter(|line| line.contains(" WARN ") || line.contains(" ERROR ")) {
+        // `<time> <LEVEL> <spans>: <module>: <message> <fields>`: keep the message's first words.
+        let message = line.rsplit(": ").next().unwrap_or(line);
+        let kind: String = message.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+        *kinds.entry(kind).or_default() += 1;
+    }
+    kinds
+}
+
+/// The counts a relay prints when it stops gracefully.
+#[derive(Debug, Default)]
+struct Counts {
+    delivered: u64,
+    failed: u64,
+    lost_leases: u64,
+}
+
+impl Counts {
+    fn parse(stderr: &str) -> Self {
+        let line = stderr
+            .lines()
+            .find(|line| line.contains(" stopped: "))
+            .unwrap_or_else(|| panic!("no counts from relay-process: {stderr}"));
+        let mut counts = Counts::default();
+        for pair in line.split_whitespace() {
+            let Some((key, value)) = pair.split_once('=') else { continue };
+            let value = value.parse().unwrap();
+            match key {
+                "delivered" => counts.delivered = value,
+                "failed" => counts.failed = value,
+                "lost_leases" => counts.lost_leases = value,
+                _ => {}
+            }
+        }
+        counts
+    }
+}
+
+/// The test database's URL for the child processes (trust auth: no password).
+fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().expect("sqlx::test names the database")
+    )
+}
+
+/// Migrates, creates `deliveries`, and emits `events` jobs numbered from 0; returns their ids.
+async fn prepare(pool: &PgPool, events: u64) -> Vec<Uuid> {
+    migrated(pool).await;
+    sqlx::query(
+        "CREATE TABLE deliveries \
+         (event_id uuid NOT NULL, attempt int NOT NULL, pid int NOT NULL, ok bool NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let jobs: Vec<JobRun> = (0..events).map(|n| JobRun { job: n, n }).collect();
+    let mut ids = Vec::with_capacity(jobs.len());
+    for batch in jobs.chunks(1_000) {
+        let mut tx = pool.begin().await.unwrap();
+        ids.extend(outbox_runtime::emit_all(&mut tx, batch).await.unwrap());
+        tx.commit().await.unwrap();
+    }
+    ids
+}
+
+async fn count(pool: &PgPool, condition: &str) -> u64 {
+    let sql = format!("SELECT count(*) FROM outbox.events WHERE {condition}");
+    let n: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap();
+    n as u64
+}
+
+const PUBLISHED: &str = "published_at IS NOT NULL";
+const PENDING: &str = "published_at IS NULL AND dead_at IS NULL";
+const SETTLED: &str = "published_at IS NOT NULL OR dead_at IS NOT NULL";
+
+/// Polls `check` every 10 ms; panics after `limit`.
+async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `(attempt, ok)` of every recorded delivery, per event, in attempt order.
+async fn deliveries(pool: &PgPool) -> HashMap<Uuid, Vec<(i32, bool)>> {
+    let rows: Vec<(Uuid, i32, bool)> =
+        sqlx::query_as("SELECT event_id, attempt, ok FROM deliveries ORDER BY event_id, attempt")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let mut per_event: HashMap<Uuid, Vec<(i32, bool)>> = HashMap::new();
+    for (event_id, attempt, ok) in rows {
+        per_event.entry(event_id).or_default().push((attempt, ok));
+    }
+    per_event
+}
+
+/// The final state of one outbox row.
+#[derive(sqlx::FromRow)]
+struct Outcome {
+    event_id: Uuid,
+    job: String,
+    published: bool,
+    dead: bool,
+    attempts: i32,
+    last_error: Option<String>,
+}
+
+async fn outcomes(pool: &PgPool) -> Vec<Outcome> {
+    sqlx::query_as(
+        "SELECT event_id, aggregate_id AS job, published_at IS NOT NULL AS published, \
+                dead_at IS NOT NULL AS dead, attempts, last_error \
+         FROM outbox.events",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+const CRASH_EVENTS: u64 = 5_000;
+const KILLS: u64 = 4;
+/// A relay with leases of `lease_ms`, and attempts enough for every kill.
+fn crash_relay(lease_ms: &str) -> [(&str, &str); 6] {
+    [
+        ("RELAY_CONCURRENCY", "16"),
+        ("RELAY_BATCH_SIZE", "50"),
+        ("RELAY_LEASE_TIMEOUT_MS", lease_ms),
+        ("RELAY_MAX_ATTEMPTS", "100"),
+        ("RELAY_POLL_INTERVAL_MS", "50"),
+        ("HANDLER_SLEEP_MS", "2"),
+    ]
+}
+
+/// Short leases, so a killed relay's rows come back quickly, with room for a renewal that waits
+/// a second on a lock (the one-second leases of the test below do not have it).
+const CRASH_LEASE_MS: &str = "3000";
+
+#[sqlx::test(migrations = false)]
+async fn a_relay_killed_mid_drain_loses_nothing_and_repeats_only_what_it_held(pool: PgPool) {
+    let started = Instant::now();
+    let ids = prepare(&pool, CRASH_EVENTS).await;
+
+    // After each kill, the rows a dead relay still holds a lease on: the only ones a handler
+    // may have seen without the acknowledgement committing, so the only ones that may repeat.
+    let mut held_at_kill: Vec<HashSet<Uuid>> = Vec::new();
+    let mut relay = RelayProcess::spawn(&pool, &crash_relay(CRASH_LEASE_MS));
+    for kill in 1..=KILLS {
+        let target = CRASH_EVENTS * kill / (KILLS + 1);
+        wait_until(&format!("{target} events are published"), Duration::from_secs(60), || async {
+            count(&pool, PUBLISHED).await >= target
+        })
+        .await;
+        let pid = relay.pid();
+        let log = relay.kill();
+        // Not atomic with the kill, so taken right after it: statements the dead relay had sent
+        // may still commit, which only makes this set larger than necessary (a publish) or
+        // leaves out rows it never received (a lease).
+        let held: HashSet<Uuid> = sqlx::query_scalar(
+            "SELECT event_id FROM outbox.events \
+             WHERE published_at IS NULL AND lease_token IS NOT NULL",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        let pending = count(&pool, PENDING).await;
+        println!(
+            "kill {kill}: relay {pid} SIGKILLed, {pending} pending, {} leased; log {:?}",
+            held.len(),
+            log_summary(&log)
+        );
+        assert!(pending > 0, "kill {kill} came after the drain");
+        held_at_kill.push(held);
+        relay = RelayProcess::spawn(&pool, &crash_relay(CRASH_LEASE_MS));
+    }
+    assert!(held_at_kill.iter().any(|held| !held.is_empty()), "no kill caught a relay mid-batch");
+    wait_until("the last relay drains the outbox", Duration::from_secs(60), || async {
+        count(&pool, PENDING).await == 0
+    })
+    .await;
+    let (last, log) = relay.terminate().await;
+    println!("last relay: {last:?}; log {:?}", log_summary(&log));
+    assert_eq!(last.lost_leases, 0, "one relay at a time: no lease is taken from a live relay");
+
+    let rows = outcomes(&pool).await;
+    assert_eq!(rows.len(), ids.len());
+    let seen = deliveries(&pool).await;
+    let (mut duplicates, mut repeated) = (0, 0);
+    for row in &rows {
+        let id = row.event_id;
+        assert!(row.published && !row.dead, "event {id} is published, not pending or dead");
+        let attempts: Vec<i32> = seen.get(&id).into_iter().flatten().map(|&(a, _)| a).collect();
+        assert!(!attempts.is_empty(), "event {id} was never delivered");
+        assert!(attempts.windows(2).all(|w| w[0] < w[1]), "event {id}: attempts {attempts:?}");
+        assert_eq!(
+            attempts.last(),
+            Some(&(row.attempts + 1)),
+            "event {id}: the published delivery is the attempt after the expired leases"
+        );
+        let times_held = held_at_kill.iter().filter(|held| held.contains(&id)).count();
+        if attempts.len() > 1 {
+            assert!(
+                attempts.len() <= 1 + times_held,
+                "event {id} delivered {} times, but held by a killed relay {times_held} times",
+                attempts.len()
+            );
+            duplicates += attempts.len() - 1;
+            repeated += 1;
+        }
+    }
+    let bound: usize = held_at_kill.iter().map(HashSet::len).sum();
+    println!(
+        "{CRASH_EVENTS} events, {KILLS} kills: {duplicates} duplicate deliveries of {repeated} \
+         events, bound {bound} (rows held by a killed relay); {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(duplicates <= bound);
+}
+
+/// One relay, one-second leases (renewed every 333 ms), no fault at all: renewals and
+/// acknowledgements of the same rows run side by side, and a renewal held up past the lease
+/// timeout would make the relay give up rows it is delivering and deliver them again.
+#[sqlx::test(migrations = false)]
+async fn a_lone_relay_with_one_second_leases_delivers_each_event_once(pool: PgPool) {
+    prepare(&pool, CRASH_EVENTS).await;
+    let relay = RelayProcess::spawn(&pool, &crash_relay("1000"));
+    wait_until("the relay drains the outbox", Duration::from_secs(60), || async {
+        count(&pool, PENDING).await == 0
+    })
+    .await;
+    let (counts, log) = relay.terminate().await;
+
+    let seen = deliveries(&pool).await;
+    let repeated = seen.values().filter(|attempts| attempts.len() > 1).count();
+    let duplicates = seen.values().map(Vec::len).sum::<usize>() - seen.len();
+    let expired = count(&pool, "attempts > 0").await;
+    let summary = log_summary(&log);
+    println!(
+        "lone relay, 1 s leases: {duplicates} duplicate deliveries of {repeated} events, \
+         {expired} events with an expired lease counted, {counts:?}; log {summary:?}"
+    );
+    assert_eq!(seen.len() as u64, CRASH_EVENTS, "every event delivered");
+    assert!(
+        duplicates == 0 && expired == 0 && counts.lost_leases == 0,
+        "a lone, live relay delivered {repeated} events more than once ({duplicates} extra \
+         deliveries), let {expired} leases expire and lost {} acknowledgements; its log: \
+         {summary:?}",
+        counts.lost_leases
+    );
+}
+
+const SOAK_RELAYS: usize = 3;
+const SOAK_MAX_ATTEMPTS: i32 = 4;
+/// Every job whose number is a multiple of this fails every time, so some events die.
+const POISON_EVERY: u64 = 250;
+const FAIL_PERCENT: u64 = 10;
+const MIB: u64 = 1024;
+
+fn soak_events() -> u64 {
+    std::env::var("OUTBOX_SOAK_EVENTS").map_or(5_000, |n| n.parse().expect("OUTBOX_SOAK_EVENTS"))
+}
+
+#[sqlx::test(migrations = false)]
+async fn relays_with_failing_handlers_settle_every_event_consistently_in_flat_memory(pool: PgPool) {
+    let total = soak_events();
+    let ids = prepare(&pool, total).await;
+    let (max_attempts, poison, fail) =
+        (SOAK_MAX_ATTEMPTS.to_string(), POISON_EVERY.to_string(), FAIL_PERCENT.to_string());
+    // No kills here: leases long enough that none expires on a loaded machine.
+    let settings = [
+        ("RELAY_CONCURRENCY", "8"),
+        ("RELAY_BATCH_SIZE", "20"),
+        ("RELAY_LEASE_TIMEOUT_MS", "10000"),
+        ("RELAY_MAX_ATTEMPTS", &max_attempts),
+        ("RELAY_POLL_INTERVAL_MS", "50"),
+        ("FAIL_PERCENT", &fail),
+        ("POISON_EVERY", &poison),
+        ("HANDLER_SLEEP_MS", "1"),
+    ];
+    let started = Instant::now();
+    let relays: Vec<RelayProcess> =
+        (0..SOAK_RELAYS).map(|_| RelayProcess::spawn(&pool, &settings)).collect();
+    let limit = Duration::from_secs(60 + total / 200);
+
+    wait_until("a quarter of the events are settled", limit, || async {
+        count(&pool, SETTLED).await >= total / 4
+    })
+    .await;
+    let quarter: Vec<u64> = relays.iter().map(RelayProcess::rss_kib).collect();
+    wait_until("nothing is pending", limit, || async { count(&pool, PENDING).await == 0 }).await;
+    let end: Vec<u64> = relays.iter().map(RelayProcess::rss_kib).collect();
+    let elapsed = started.elapsed();
+    let pids: Vec<u32> = relays.iter().map(RelayProcess::pid).collect();
+    let mut counts = Vec::new();
+    for relay in relays {
+        let (relay_counts, log) = relay.terminate().await;
+        println!("relay {}: {relay_counts:?}; log {:?}", pids[counts.len()], log_summary(&log));
+        counts.push(relay_counts);
+    }
+
+    // Memory: flat from a quarter of the way to the end, and small.
+    for ((pid, quarter), end) in pids.iter().zip(&quarter).zip(&end) {
+        println!(
+            "relay {pid}: VmRSS {:.1} MiB at 25%, {:.1} MiB at 100%",
+            *quarter as f64 / MIB as f64,
+            *end as f64 / MIB as f64
+        );
+        assert!(
+            end.saturating_sub(*quarter) < 20 * MIB,
+            "relay {pid} grew: {quarter} -> {end} KiB"
+        );
+        assert!(*end < 64 * MIB, "relay {pid} uses {end} KiB");
+    }
+
+    // Every event published or dead, and its attempts, errors and deliveries agree.
+    let rows = outcomes(&pool).await;
+    assert_eq!(rows.len(), ids.len());
+    let seen = deliveries(&pool).await;
+    let (mut published, mut dead, mut failures) = (0, 0, 0);
+    for row in &rows {
+        let (id, job) = (row.event_id, &row.job);
+        assert!(row.published != row.dead, "event {id} is either published or dead");
+        let delivered = seen.get(&id).map(Vec::as_slice).unwrap_or_default();
+        let attempts: Vec<i32> = delivered.iter().map(|&(attempt, _)| attempt).collect();
+        let expected: Vec<i32> = (1..=delivered.len() as i32).collect();
+        assert_eq!(attempts, expected, "event {id}: attempts 1..=n, each exactly once");
+        let (&(_, last_ok), earlier) = delivered.split_last().expect("delivered at least once");
+        assert!(
+            earlier.iter().all(|&(_, ok)| !ok),
+            "event {id}: only the last attempt may succeed"
+        );
+        let last_failure =
+            (row.attempts > 0).then(|| format!("job {job} failed on attempt {}", row.attempts));
+        assert_eq!(row.last_error, last_failure, "event {id}: last_error is the last failure");
+        if row.published {
+            assert!(last_ok, "event {id} is published after a successful delivery");
+            assert_eq!(row.attempts, attempts.len() as i32 - 1, "event {id}: failures counted");
+            published += 1;
+        } else {
+            assert!(!last_ok, "dead event {id} never succeeded");
+            assert_eq!(row.attempts, SOAK_MAX_ATTEMPTS, "event {id} died at max_attempts");
+            dead += 1;
+        }
+        if job.parse::<u64>().unwrap() % POISON_EVERY == 0 {
+            assert!(row.dead, "poisoned job {job} is dead");
+        }
+        failures += row.attempts as u64;
+    }
+    // No kills and long leases: no delivery beyond one per failure plus the successful one.
+    assert_eq!(seen.len(), rows.len(), "no delivery of an unknown event");
+    let recorded = seen.values().map(Vec::len).sum::<usize>() as u64;
+    let duplicates = recorded - (failures + published);
+    assert_eq!(duplicates, 0);
+
+    // The relays' own counts agree with the table, and each took a share.
+    let by_pid: HashMap<i32, i64> =
+        sqlx::query_as("SELECT pid, count(*) FROM deliveries GROUP BY pid")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    for pid in &pids {
+        assert!(by_pid.get(&(*pid as i32)).is_some_and(|&n| n > 0), "relay {pid} took work");
+    }
+    assert_eq!(counts.iter().map(|c| c.delivered).sum::<u64>(), published);
+    assert_eq!(counts.iter().map(|c| c.failed).sum::<u64>(), failures);
+    assert_eq!(counts.iter().map(|c| c.lost_leases).sum::<u64>(), 0);
+    println!(
+        "{total} events, {SOAK_RELAYS} relays, {FAIL_PERCENT}% failing: {published} published, {dead} dead \
+         ({} poisoned), {failures} failed deliveries, {duplicates} duplicates; deliveries per \
+         relay {by_pid:?}; {:.1} s",
+        total.div_ceil(POISON_EVERY),
+        elapsed.as_secs_f64()
+    );
+}

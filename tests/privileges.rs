@@ -1,0 +1,655 @@
+//! Least privilege: `docs/least-privilege.sql` applied to fresh roles, then emit, the relay and the
+//! operations run under them, and everything the roles should not do is refused.
+//!
+//! Roles are cluster-wide and tests run in parallel, so each test creates its roles under unique
+//! names (the script's placeholders substituted) and drops them when it ends, even on panic.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use outbox_runtime::dead_letters::{self, DeadFilter};
+use outbox_runtime::{
+    emit, emit_all, emit_with, Backoff, EmitOptions, Error, EventContext, OutboxEvent, Relay,
+    RelayBuilder, RelayCounts, TransactionContext,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+use support::*;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// The grants script, as shipped.
+const SCRIPT: &str = include_str!("../docs/least-privilege.sql");
+
+/// SQLSTATE `insufficient_privilege`.
+const PERMISSION_DENIED: &str = "42501";
+
+/// The script's three roles under names unique to one test. Dropped (with everything they own
+/// or were granted in the test database) when this goes out of scope.
+struct Roles {
+    owner: String,
+    app: String,
+    relay: String,
+    /// The superuser's connect options for the test database.
+    admin: PgConnectOptions,
+}
+
+impl Roles {
+    /// Creates the roles and grants them database access: the script's `roles` and `database`
+    /// steps, as the superuser.
+    async fn create(pool: &PgPool) -> Roles {
+        let suffix = &Uuid::new_v4().simple().to_string()[..12];
+        let roles = Roles {
+            owner: format!("outbox_owner_{suffix}"),
+            app: format!("outbox_app_{suffix}"),
+            relay: format!("outbox_relay_{suffix}"),
+            admin: (*pool.connect_options()).clone(),
+        };
+        roles.run_step(pool, "roles").await;
+        roles.run_step(pool, "database").await;
+
+        let privileged: Vec<String> = sqlx::query_scalar(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY($1) \
+             AND (rolsuper OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls)",
+        )
+        .bind([&roles.owner, &roles.app, &roles.relay])
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        assert!(privileged.is_empty(), "no role has a special attribute: {privileged:?}");
+        roles
+    }
+
+    /// One step of the script (from its `-- step: <name>` line to the next), with this test's
+    /// role names.
+    fn step(&self, name: &str) -> String {
+        let marker = format!("-- step: {name}\n");
+        let start = SCRIPT.find(&marker).unwrap_or_else(|| panic!("no step {name:?}"));
+        let rest = &SCRIPT[start + marker.len()..];
+        let end = rest.find("-- step: ").unwrap_or(rest.len());
+        rest[..end]
+            .replace("outbox_owner", &self.owner)
+            .replace("outbox_app", &self.app)
+            .replace("outbox_relay", &self.relay)
+    }
+
+    async fn run_step(&self, pool: &PgPool, name: &str) {
+        let sql = self.step(name);
+        sqlx::raw_sql(&sql).execute(pool).await.unwrap_or_else(|e| panic!("step {name}: {e}"));
+    }
+
+    /// A pool logged in as `role` (trust authentication: only the user name changes).
+    async fn pool_as(&self, pool: &PgPool, role: &str) -> PgPool {
+        let options = (*pool.connect_options()).clone().username(role);
+        let pool = PgPoolOptions::new().max_connections(3).connect_with(options).await.unwrap();
+        let user: String =
+            sqlx::query_scalar("SELECT current_user").fetch_one(&pool).await.unwrap();
+        assert_eq!(user, role);
+        pool
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let names = format!("\"{}\", \"{}\", \"{}\"", self.owner, self.app, self.relay);
+        // Drop runs inside the test's runtime, which must not block on itself: clean up from a
+        // thread of its own.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async move {
+                let mut conn = PgConnection::connect_with(&admin).await?;
+                let sql = format!(
+                    "REASSIGN OWNED BY {names} TO CURRENT_USER; DROP OWNED BY {names}; \
+                     DROP ROLE {names};"
+                );
+                sqlx::raw_sql(&sql).execute(&mut conn).await?;
+                conn.close().await?;
+                Ok::<_, sqlx::Error>(())
+            })?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        });
+        match cleanup.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) if std::thread::panicking() => eprintln!("dropping roles: {error}"),
+            Ok(Err(error)) => panic!("dropping roles {}: {error}", self.owner),
+            Err(_) => eprintln!("dropping roles {} panicked", self.owner),
+        }
+    }
+}
+
+/// Who runs `outbox_runtime::migrate`.
+enum Migrator {
+    Superuser,
+    Owner,
+}
+
+/// Fresh roles with every step of the script applied, the schema migrated by `migrator`.
+async fn setup(pool: &PgPool, migrator: Migrator) -> Roles {
+    let roles = Roles::create(pool).await;
+    match migrator {
+        Migrator::Superuser => {
+            migrated(pool).await;
+            roles.run_step(pool, "objects").await;
+        }
+        Migrator::Owner => {
+            let owner = roles.pool_as(pool, &roles.owner).await;
+            outbox_runtime::migrate(&owner).await.expect("the owner role migrates");
+            outbox_runtime::migrate(&owner).await.expect("and migrates again");
+            roles.run_step(&owner, "objects").await;
+            owner.close().await;
+        }
+    }
+    roles
+}
+
+fn assert_denied<T: std::fmt::Debug>(what: &str, result: Result<T, sqlx::Error>) {
+    match result {
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(PERMISSION_DENIED) => {}
+        other => panic!("{what}: expected permission denied (42501), got {other:?}"),
+    }
+}
+
+fn assert_op_denied<T: std::fmt::Debug>(what: &str, result: Result<T, Error>) {
+    match result {
+        Err(Error::Database(error)) => assert_denied(what, Err::<T, _>(error)),
+        other => panic!("{what}: expected a permission-denied database error, got {other:?}"),
+    }
+}
+
+async fn execute(pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
+    sqlx::query(sql).execute(pool).await.map(|done| done.rows_affected())
+}
+
+async fn count_rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "account", event_type = "account.posted", ordered)]
+struct Posted {
+    #[outbox(id)]
+    account: u32,
+    n: u32,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The application role
+// ---------------------------------------------------------------------------------------------
+
+#[sqlx::test(migrations = false)]
+async fn the_app_role_can_emit_every_way(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+
+    let mut tx = app.begin().await.unwrap();
+    let plain = emit(&mut tx, &placed(1)).await.expect("plain emit");
+    let delayed = emit_with(
+        &mut tx,
+        &placed(2),
+        EmitOptions::new().delay(Duration::from_secs(60)).header("request_id", "r-1"),
+    )
+    .await
+    .expect("delayed emit with a header");
+    let at = Utc::now() + chrono::Duration::hours(1);
+    let scheduled = emit_with(&mut tx, &placed(3), EmitOptions::new().available_at(at))
+        .await
+        .expect("scheduled emit");
+    let batch = emit_all(&mut tx, &[placed(4), placed(5)]).await.expect("batch emit");
+    let ordered = [Posted { account: 1, n: 1 }, Posted { account: 1, n: 2 }];
+    let ordered = emit_all(&mut tx, &ordered).await.expect("ordered emit (advisory locks)");
+    let keyed = emit_with(&mut tx, &placed(6), EmitOptions::new().idempotency_key("cmd-1"))
+        .await
+        .expect("keyed emit");
+    let duplicate = emit_with(&mut tx, &placed(7), EmitOptions::new().idempotency_key("cmd-1"))
+        .await
+        .expect("duplicate key in the same transaction");
+    assert_eq!(duplicate, keyed);
+    tx.commit().await.unwrap();
+
+    // In later transactions: the duplicate key is found by emit's lookup; ordered emits of the
+    // same aggregate queue behind each other's lock.
+    let mut tx = app.begin().await.unwrap();
+    let again = emit_with(&mut tx, &placed(8), EmitOptions::new().idempotency_key("cmd-1"))
+        .await
+        .expect("duplicate key in a later transaction");
+    assert_eq!(again, keyed);
+    let third = emit(&mut tx, &Posted { account: 1, n: 3 }).await.unwrap();
+    tx.commit().await.unwrap();
+    // A rolled-back emit leaves nothing, under the app role as under any.
+    let mut tx = app.begin().await.unwrap();
+    emit(&mut tx, &placed(9)).await.unwrap();
+    tx.rollback().await.unwrap();
+
+    // What was written, read as the superuser.
+    let rows: Vec<(Uuid, i64, bool, bool, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, coalesce((payload->>'total_cents')::bigint, (payload->>'n')::bigint), \
+                ordered, available_at > now(), idempotency_key \
+         FROM outbox.events ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected = [
+        (plain, 1, false, false, None),
+        (delayed, 2, false, true, None),
+        (scheduled, 3, false, true, None),
+        (batch[0], 4, false, false, None),
+        (batch[1], 5, false, false, None),
+        (ordered[0], 1, true, false, None),
+        (ordered[1], 2, true, false, None),
+        (keyed, 6, false, false, Some("cmd-1".to_owned())),
+        (third, 3, true, false, None),
+    ];
+    assert_eq!(rows, expected);
+    let headers: serde_json::Value =
+        sqlx::query_scalar("SELECT headers FROM outbox.events WHERE event_id = $1")
+            .bind(delayed)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(headers, serde_json::json!({ "request_id": "r-1" }));
+
+    // Without any privilege on the identity sequence or the trigger function.
+    let (sequence, function): (bool, bool) = sqlx::query_as(
+        "SELECT has_sequence_privilege($1, 'outbox.events_seq_seq', 'USAGE, SELECT, UPDATE'), \
+                has_function_privilege($1, 'outbox.notify_relays()', 'EXECUTE')",
+    )
+    .bind(&roles.app)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((sequence, function), (false, false));
+    app.close().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let mut tx = app.begin().await.unwrap();
+    let id = emit_with(&mut tx, &placed(1), EmitOptions::new().idempotency_key("k")).await.unwrap();
+    tx.commit().await.unwrap();
+
+    for sql in [
+        "UPDATE outbox.events SET published_at = now()",
+        "UPDATE outbox.events SET attempts = 0, dead_at = NULL",
+        "UPDATE outbox.events SET payload = '{}'",
+        "DELETE FROM outbox.events",
+        "TRUNCATE outbox.events",
+        "SELECT payload FROM outbox.events",
+        "SELECT headers FROM outbox.events",
+        "SELECT aggregate_id FROM outbox.events",
+        "SELECT last_error FROM outbox.events",
+        "SELECT * FROM outbox.events",
+        "SELECT count(*) FROM outbox.events WHERE payload IS NOT NULL",
+        // Rows cannot be born published, dead, leased or with attempts spent.
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    published_at) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{}', now())",
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    dead_at) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{}', now())",
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    lease_token, attempts) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{}', gen_random_uuid(), 9)",
+        "SELECT * FROM outbox._sqlx_migrations",
+        "CREATE TABLE outbox.mine (id int)",
+        "DROP TABLE outbox.events",
+        "ALTER TABLE outbox.events DISABLE TRIGGER events_notify_relays",
+        "SELECT nextval('outbox.events_seq_seq')",
+        // The sleepers registry is the relays': the app only reads what its trigger needs.
+        "INSERT INTO outbox.sleeping_relays (relay_id, until) VALUES (gen_random_uuid(), now())",
+        "DELETE FROM outbox.sleeping_relays",
+        "UPDATE outbox.sleeping_relays SET until = now()",
+        "SELECT relay_id FROM outbox.sleeping_relays",
+    ] {
+        assert_denied(sql, execute(&app, sql).await);
+    }
+
+    // The operations are the relay's business.
+    assert_op_denied("stats", outbox_runtime::stats(&app).await);
+    assert_op_denied("stats_by_type", outbox_runtime::stats_by_type(&app).await);
+    assert_op_denied("purge", outbox_runtime::purge_published(&app, Duration::ZERO).await);
+    let all = DeadFilter::all();
+    assert_op_denied("list dead", dead_letters::list(&app, &all, None, 10).await);
+    assert_op_denied("get dead", dead_letters::get(&app, id).await);
+    assert_op_denied("requeue", dead_letters::requeue(&app, &all).await);
+    assert_op_denied("discard", dead_letters::discard(&app, &all).await);
+
+    // What it can read: exactly the three columns emit needs.
+    let (seen, aggregate_type, key): (Uuid, String, Option<String>) =
+        sqlx::query_as("SELECT event_id, aggregate_type, idempotency_key FROM outbox.events")
+            .fetch_one(&app)
+            .await
+            .unwrap();
+    assert_eq!((seen, aggregate_type.as_str(), key.as_deref()), (id, "order", Some("k")));
+
+    let state = row_state(&pool, id).await;
+    assert_eq!((state.published, state.attempts, state.dead), (false, 0, false), "untouched");
+    assert_eq!(count_rows(&pool).await, 1, "nothing written by the refused statements");
+    app.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The relay role
+// ---------------------------------------------------------------------------------------------
+
+/// A relay running in the background until `stop`.
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<RelayCounts, Error>>,
+}
+
+impl Running {
+    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
+        let relay = builder.build().expect("relay builds");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) -> RelayCounts {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().expect("relay stops cleanly")
+    }
+}
+
+fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
+    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+        jitter: false,
+    })
+}
+
+/// The relay's handlers' state: what they delivered, and whether the downstream is broken.
+#[derive(Clone, Default)]
+struct Desk {
+    delivered: Arc<Mutex<Vec<Uuid>>>,
+    broken: Arc<AtomicBool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Downstream(&'static str);
+
+/// `total_cents` 1 succeeds; 2 fails its first attempt; 3 fails while the desk is broken.
+async fn on_placed(ctx: EventContext<Desk>, event: OrderPlaced) -> Result<(), Downstream> {
+    match event.total_cents {
+        2 if ctx.attempt() == 1 => return Err(Downstream("flaky")),
+        3 if ctx.state().broken.load(Ordering::SeqCst) => return Err(Downstream("broken")),
+        _ => {}
+    }
+    ctx.state().delivered.lock().unwrap().push(ctx.event_id());
+    Ok(())
+}
+
+/// Publishes in its own transaction, on the relay role's pool.
+async fn on_cancelled(ctx: TransactionContext<Desk>, _: OrderCancelled) -> Result<(), Downstream> {
+    ctx.state().delivered.lock().unwrap().push(ctx.event_id());
+    Ok(())
+}
+
+/// A hand-written row, as the superuser.
+async fn insert_row(pool: &PgPool, columns: &str, values: &str) -> Uuid {
+    let sql = format!(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    {columns}) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', \
+                 jsonb_build_object('order_id', gen_random_uuid(), 'total_cents', 1), {values}) \
+         RETURNING event_id"
+    );
+    sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+
+    let mut tx = app.begin().await.unwrap();
+    let [ok, flaky, doomed]: [Uuid; 3] =
+        emit_all(&mut tx, &[placed(1), placed(2), placed(3)]).await.unwrap().try_into().unwrap();
+    let cancel = OrderCancelled { order_id: Uuid::now_v7(), reason: "r".into() };
+    let cancelled = emit(&mut tx, &cancel).await.unwrap();
+    tx.commit().await.unwrap();
+    // For retention (an event published 30 days ago) and for discard (a dead event).
+    let old = insert_row(&pool, "published_at", "now() - interval '30 days'").await;
+    let dead = insert_row(&pool, "attempts, dead_at", "5, now()").await;
+
+    let desk = Desk::default();
+    desk.broken.store(true, Ordering::SeqCst);
+    let relay = Running::start(
+        fast(Relay::builder(relay_pool.clone()))
+            .state(desk.clone())
+            .handler(on_placed)
+            .transactional_handler(on_cancelled)
+            .max_attempts(2)
+            .retention(Duration::from_secs(7 * 24 * 3600)),
+    );
+    let published = |id| {
+        let pool = pool.clone();
+        async move { row_state(&pool, id).await.published }
+    };
+    eventually("ok is delivered", || published(ok)).await;
+    eventually("flaky is delivered after a retry", || published(flaky)).await;
+    eventually("the transactional handler published", || published(cancelled)).await;
+    eventually("doomed is dead", || async { row_state(&pool, doomed).await.dead }).await;
+    let retained = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox.events WHERE event_id = $1")
+            .bind(old)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    eventually("the relay's retention purged the old event", || async { retained().await == 0 })
+        .await;
+    assert_eq!(row_state(&pool, flaky).await.attempts, 1);
+    let doomed_row = row_state(&pool, doomed).await;
+    assert_eq!((doomed_row.attempts, doomed_row.last_error.as_deref()), (2, Some("broken")));
+
+    // The relay's own connections (lease, acknowledge, renew, LISTEN) are the relay role's.
+    let relay_sessions: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT usename::text, application_name, query FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name LIKE 'outbox-relay%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(relay_sessions.iter().all(|(user, ..)| *user == roles.relay), "{relay_sessions:?}");
+    assert!(
+        relay_sessions.iter().any(|(_, name, query)| name == "outbox-relay-listen"
+            && query.to_uppercase().starts_with("LISTEN")),
+        "the relay role LISTENs: {relay_sessions:?}"
+    );
+
+    // Dead letters, under the relay role.
+    let listed = dead_letters::list(&relay_pool, &DeadFilter::all(), None, 10).await.unwrap();
+    let mut listed: Vec<Uuid> = listed.into_iter().map(|e| e.event_id).collect();
+    let mut expected = vec![doomed, dead];
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected);
+    let shown = dead_letters::get(&relay_pool, doomed).await.unwrap().expect("doomed is dead");
+    assert_eq!(shown.last_error.as_deref(), Some("broken"));
+    desk.broken.store(false, Ordering::SeqCst);
+    assert_eq!(dead_letters::requeue(&relay_pool, &DeadFilter::event(doomed)).await.unwrap(), 1);
+    eventually("the requeued event is delivered", || published(doomed)).await;
+    assert_eq!(dead_letters::discard(&relay_pool, &DeadFilter::event(dead)).await.unwrap(), 1);
+
+    let stats = outbox_runtime::stats(&relay_pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0));
+    assert!(outbox_runtime::stats_by_type(&relay_pool).await.unwrap().is_empty());
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed, counts.dead), (4, 3, 1));
+    let delivered = desk.delivered.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 4);
+    for id in [ok, flaky, cancelled, doomed] {
+        assert!(delivered.contains(&id), "{id} was handled");
+    }
+
+    // Retention as a library call, under the relay role: the four delivered events.
+    assert_eq!(outbox_runtime::purge_published(&relay_pool, Duration::ZERO).await.unwrap(), 4);
+    assert_eq!(count_rows(&pool).await, 0);
+    app.close().await;
+    relay_pool.close().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_relay_role_cannot_write_or_rewrite_events(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    // emit under the relay role is refused by the database, and writes nothing.
+    let mut tx = relay_pool.begin().await.unwrap();
+    let refused = emit(&mut tx, &placed(2)).await;
+    tx.rollback().await.unwrap();
+    assert_op_denied("emit", refused);
+
+    for sql in [
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (gen_random_uuid(), 'order', '1', 'order.placed', '{}')",
+        "UPDATE outbox.events SET payload = '{}'",
+        "UPDATE outbox.events SET headers = '{}'",
+        "UPDATE outbox.events SET event_type = 'order.cancelled'",
+        "UPDATE outbox.events SET aggregate_type = 'x', aggregate_id = 'y'",
+        "UPDATE outbox.events SET event_id = gen_random_uuid()",
+        "UPDATE outbox.events SET created_at = now(), ordered = true",
+        "UPDATE outbox.events SET idempotency_key = 'k'",
+        "TRUNCATE outbox.events",
+        "SELECT * FROM outbox._sqlx_migrations",
+        "CREATE TABLE outbox.mine (id int)",
+        "DROP TABLE outbox.events",
+        "ALTER TABLE outbox.events DISABLE TRIGGER events_notify_relays",
+    ] {
+        assert_denied(sql, execute(&relay_pool, sql).await);
+    }
+
+    // Its bookkeeping columns it can update, and the row is otherwise as emitted.
+    let bookkeeping = "UPDATE outbox.events SET attempts = attempts, last_error = last_error, \
+                       available_at = available_at, lease_token = lease_token, \
+                       dead_at = dead_at, published_at = published_at";
+    assert_eq!(execute(&relay_pool, bookkeeping).await.unwrap(), 1);
+    assert_eq!(count_rows(&pool).await, 1);
+    let (event_type, payload): (String, serde_json::Value) =
+        sqlx::query_as("SELECT event_type, payload FROM outbox.events WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(event_type, "order.placed");
+    assert_eq!(payload["total_cents"], 1);
+    relay_pool.close().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn notify_from_the_app_role_wakes_a_relay_role_listener(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+
+    let desk = Desk::default();
+    // Polling hourly: only the insert trigger's NOTIFY can bring the event in time.
+    let relay = Running::start(
+        Relay::builder(relay_pool.clone())
+            .state(desk.clone())
+            .handler(on_placed)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND usename = $1 AND query ILIKE 'LISTEN%'",
+        )
+        .bind(&roles.relay)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            == 1
+    };
+    eventually("the relay role LISTENs", listening).await;
+    // The relay registered itself as asleep (under the relay role), so the insert trigger
+    // (running as the app role) sees it and notifies.
+    let asleep = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.sleeping_relays WHERE until > now() + interval '1 hour'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            == 1
+    };
+    eventually("the relay sleeps", asleep).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // past the wake-up after subscribing
+
+    let mut tx = app.begin().await.unwrap();
+    let id = emit(&mut tx, &placed(1)).await.unwrap();
+    tx.commit().await.unwrap();
+    eventually("the event is delivered", || async { desk.delivered.lock().unwrap().len() == 1 })
+        .await;
+    relay.stop().await;
+    assert_eq!(*desk.delivered.lock().unwrap(), [id]);
+    app.close().await;
+    relay_pool.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The owner role
+// ---------------------------------------------------------------------------------------------
+
+#[sqlx::test(migrations = false)]
+async fn the_owner_role_migrates_and_grants_without_superuser(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Owner).await;
+    let (schema_owner, table_owner, history_owner): (String, String, String) = sqlx::query_as(
+        "SELECT (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'outbox'), \
+                (SELECT tableowner::text FROM pg_tables \
+                 WHERE schemaname = 'outbox' AND tablename = 'events'), \
+                (SELECT tableowner::text FROM pg_tables \
+                 WHERE schemaname = 'outbox' AND tablename = '_sqlx_migrations')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((schema_owner.as_str(), table_owner.as_str()), (&*roles.owner, &*roles.owner));
+    assert_eq!(history_owner, roles.owner);
+
+    // The grants the owner issued work: the app emits, the relay delivers.
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+    let mut tx = app.begin().await.unwrap();
+    let id = emit_with(&mut tx, &placed(1), EmitOptions::new().idempotency_key("k")).await.unwrap();
+    tx.commit().await.unwrap();
+    let desk = Desk::default();
+    let relay = Running::start(
+        fast(Relay::builder(relay_pool.clone())).state(desk.clone()).handler(on_placed),
+    );
+    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    relay.stop().await;
+    assert_eq!(*desk.delivered.lock().unwrap(), [id]);
+
+    // The roles' privileges are the script's, and no more: nobody but the owner may create in
+    // the schema, and the migration history is the owner's alone.
+    let privileges: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT r, has_schema_privilege(r, 'outbox', 'CREATE'), \
+                has_table_privilege(r, 'outbox._sqlx_migrations', 'SELECT,INSERT,UPDATE,DELETE') \
+         FROM unnest($1::text[]) AS r",
+    )
+    .bind([&roles.app, &roles.relay])
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(privileges.iter().all(|(_, create, history)| !create && !history), "{privileges:?}");
+    app.close().await;
+    relay_pool.close().await;
+}
