@@ -833,3 +833,32 @@ async fn only_a_sleeping_relay_asks_producers_for_notify(pool: PgPool) {
     relay.stop().await;
     assert!(sleepers().await.is_empty(), "a stopped relay withdraws its registration");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_hung_handler_fails_at_the_handler_timeout(pool: PgPool) {
+    migrated(&pool).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+
+    async fn hangs_once(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record(&ctx);
+        if ctx.attempt() == 1 {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(hangs_once)
+            .handler_timeout(Some(Duration::from_millis(300))),
+    );
+    eventually("the retry succeeds", || async { row_state(&pool, id).await.published }).await;
+    let counts = relay.stop().await;
+
+    assert_eq!(*log.0.lock().unwrap(), [(id, 1), (id, 2)]);
+    let row = row_state(&pool, id).await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.last_error.as_deref(), Some("handler timed out after 300ms"));
+    assert_eq!((counts.failed, counts.delivered), (1, 1));
+}
