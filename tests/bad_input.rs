@@ -15,47 +15,14 @@ use std::time::Duration;
 
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::{
-    emit, emit_all, emit_all_with, emit_with, Backoff, EmitOptions, Error, EventContext,
-    InvalidEvent, OutboxEvent, Relay, RelayBuilder, RelayCounts, UnknownEvents,
+    emit, emit_all, emit_all_with, emit_with, EmitOptions, Error, EventContext, InvalidEvent,
+    OutboxEvent, Relay, UnknownEvents,
 };
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 use sqlx::PgPool;
 use support::*;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
-
-/// A relay running in the background until `stop`.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<RelayCounts, Error>>,
-}
-
-impl Running {
-    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
-        let relay = builder.build().expect("relay builds");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(relay.run_until(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) -> RelayCounts {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("relay stops cleanly")
-    }
-}
-
-/// Fast settings so tests do not wait on production defaults.
-fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
-    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
-        base: Duration::from_millis(10),
-        cap: Duration::from_millis(50),
-        jitter: false,
-    })
-}
 
 async fn count_rows(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()

@@ -12,14 +12,14 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_runtime::{
     Backoff, BoxError, DeadOrderedEvents, EmitOptions, Error, EventContext, InvalidEvent,
-    OutboxEvent, Relay, RelayBuilder, RelayCounts, RelayMetrics, TransactionContext,
+    OutboxEvent, Relay, RelayCounts, TransactionContext,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 use support::*;
 use tokio::sync::{oneshot, Barrier, Notify, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------------
@@ -120,39 +120,6 @@ async fn log_posted(ctx: EventContext<Log>, event: Posted) -> Result<(), Handler
 async fn log_noted(ctx: EventContext<Log>, event: Noted) -> Result<(), HandlerError> {
     ctx.state().record(&ctx, event.account, event.n);
     Ok(())
-}
-
-/// A relay running in the background until `stop`, with its live counters.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<RelayCounts, Error>>,
-    metrics: RelayMetrics,
-}
-
-impl Running {
-    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
-        let relay = builder.build().expect("relay builds");
-        let metrics = relay.metrics();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(relay.run_until(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task, metrics }
-    }
-
-    async fn stop(self) -> RelayCounts {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("relay stops cleanly")
-    }
-}
-
-/// Fast settings so tests do not wait on production defaults.
-fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
-    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
-        base: Duration::from_millis(10),
-        cap: Duration::from_millis(50),
-        jitter: false,
-    })
 }
 
 /// Emits `events` in one committed transaction; returns their ids.

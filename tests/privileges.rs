@@ -13,15 +13,13 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::{
-    emit, emit_all, emit_with, Backoff, EmitOptions, Error, EventContext, OutboxEvent, Relay,
-    RelayBuilder, RelayCounts, TransactionContext,
+    emit, emit_all, emit_with, EmitOptions, Error, EventContext, OutboxEvent, Relay,
+    TransactionContext,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use support::*;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 /// The grants script, as shipped.
@@ -340,36 +338,6 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
 // ---------------------------------------------------------------------------------------------
 // The relay role
 // ---------------------------------------------------------------------------------------------
-
-/// A relay running in the background until `stop`.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<RelayCounts, Error>>,
-}
-
-impl Running {
-    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
-        let relay = builder.build().expect("relay builds");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(relay.run_until(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) -> RelayCounts {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("relay stops cleanly")
-    }
-}
-
-fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
-    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
-        base: Duration::from_millis(10),
-        cap: Duration::from_millis(50),
-        jitter: false,
-    })
-}
 
 /// The relay's handlers' state: what they delivered, and whether the downstream is broken.
 #[derive(Clone, Default)]

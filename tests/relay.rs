@@ -7,13 +7,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_runtime::{
-    Backoff, BuildError, Error, EventContext, Relay, RelayBuilder, RelayCounts, UnknownEvents,
-};
+use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay, UnknownEvents};
 use sqlx::PgPool;
 use support::*;
-use tokio::sync::{oneshot, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 /// Every delivery the handlers saw: `(event id, attempt)`.
@@ -48,37 +45,6 @@ async fn log_placed(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), Handle
 async fn log_cancelled(ctx: EventContext<Log>, _: OrderCancelled) -> Result<(), HandlerError> {
     ctx.state().record(&ctx);
     Ok(())
-}
-
-/// A relay running in the background until `stop`.
-struct Running {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<RelayCounts, Error>>,
-}
-
-impl Running {
-    fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
-        let relay = builder.build().expect("relay builds");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(relay.run_until(async {
-            let _ = stopped.await;
-        }));
-        Running { stop, task }
-    }
-
-    async fn stop(self) -> RelayCounts {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().expect("relay stops cleanly")
-    }
-}
-
-/// Fast settings so tests do not wait on production defaults.
-fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
-    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
-        base: Duration::from_millis(10),
-        cap: Duration::from_millis(50),
-        jitter: false,
-    })
 }
 
 #[sqlx::test(migrations = false)]

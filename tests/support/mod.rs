@@ -4,9 +4,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use outbox_runtime::OutboxEvent;
+use outbox_runtime::{Backoff, OutboxEvent, RelayBuilder, RelayCounts, RelayMetrics};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
@@ -91,4 +93,38 @@ pub async fn count_published(pool: &PgPool) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// A relay running in the background until `stop`.
+pub struct Running {
+    /// The relay's live counters.
+    pub metrics: RelayMetrics,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<RelayCounts, outbox_runtime::Error>>,
+}
+
+impl Running {
+    pub fn start<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Self {
+        let relay = builder.build().expect("relay builds");
+        let metrics = relay.metrics();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        Running { metrics, stop, task }
+    }
+
+    pub async fn stop(self) -> RelayCounts {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().expect("relay stops cleanly")
+    }
+}
+
+/// Fast settings so tests do not wait on production defaults.
+pub fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> RelayBuilder<S> {
+    builder.poll_interval(Duration::from_millis(50)).backoff(Backoff {
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+        jitter: false,
+    })
 }

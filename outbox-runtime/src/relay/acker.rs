@@ -10,7 +10,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use uuid::Uuid;
 
 use crate::relay::config::Backoff;
-use crate::relay::held::Held;
+use crate::relay::held::{self, Held};
 use crate::relay::metrics::RelayMetrics;
 use crate::store::{self, Failures, LeasedEvent};
 
@@ -54,6 +54,8 @@ impl Ack {
 
 /// Most acknowledgements applied in one statement.
 const MAX_BATCH: usize = 1_000;
+/// How long the first acknowledgement of a batch waits for others to join it.
+const ACK_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
 pub(crate) struct Acker {
     pub(crate) pool: PgPool,
@@ -69,14 +71,35 @@ pub(crate) struct Acker {
 impl Acker {
     /// Applies acknowledgements until every sender is gone and the channel is drained. While a
     /// batch is being written the next one gathers, so batches grow with the load.
+    ///
+    /// It also renews the leases of held rows, every third of the lease timeout: between its
+    /// own writes, because acknowledgements and renewals lock overlapping rows, and two
+    /// statements locking them in different orders from two connections would deadlock.
     pub(crate) async fn run(self, mut acks: UnboundedReceiver<Ack>) {
+        let mut renewals = tokio::time::interval(self.lease_timeout / 3);
+        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renewals.tick().await;
         let mut batch = Vec::new();
-        while let Some(first) = acks.recv().await {
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = renewals.tick() => {
+                    held::renew_leases(&self.pool, &self.held, self.lease_timeout).await;
+                    continue;
+                }
+                received = acks.recv() => match received {
+                    Some(ack) => ack,
+                    None => break,
+                },
+            };
             batch.push(first);
+            // Gather what finishes in the next few milliseconds too: one statement for a
+            // hundred rows costs about what one costs for a single row.
+            let until = tokio::time::Instant::now() + ACK_LINGER;
             while batch.len() < MAX_BATCH {
-                match acks.try_recv() {
-                    Ok(ack) => batch.push(ack),
-                    Err(_) => break,
+                match tokio::time::timeout_at(until, acks.recv()).await {
+                    Ok(Some(ack)) => batch.push(ack),
+                    Ok(None) | Err(_) => break,
                 }
             }
             // Settled rows are no longer renewed, and are acknowledged under the lease their

@@ -111,45 +111,40 @@ impl Held {
     }
 }
 
-/// Renews the leases of held rows every third of the lease timeout, and gives up those that
-/// are lost or can no longer be confirmed.
-pub(crate) async fn renew_leases(pool: PgPool, held: Held, lease_timeout: Duration) {
-    let mut every = tokio::time::interval(lease_timeout / 3);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
-            held.lock().iter().map(|(id, lease)| (*id, lease.token)).unzip();
-        let mut lost = HashSet::new();
-        if !ids.is_empty() {
-            let sent_at = Instant::now();
-            match store::renew(&pool, &ids, &tokens, lease_timeout).await {
-                Ok(renewed) => {
-                    let renewed: HashSet<Uuid> = renewed.into_iter().collect();
-                    let mut current = held.lock();
-                    for (id, token) in ids.into_iter().zip(tokens) {
-                        match current.get_mut(&id) {
-                            Some(lease) if lease.token == token && renewed.contains(&id) => {
-                                lease.confirmed_at = sent_at;
-                            }
-                            Some(lease) if lease.token == token => {
-                                lost.insert((id, token));
-                            }
-                            _ => {} // acknowledged or re-leased meanwhile
+/// Renews the leases of held rows (the acknowledger calls this every third of the lease
+/// timeout, between its writes), and gives up those that are lost or can no longer be
+/// confirmed.
+pub(crate) async fn renew_leases(pool: &PgPool, held: &Held, lease_timeout: Duration) {
+    let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
+        held.lock().iter().map(|(id, lease)| (*id, lease.token)).unzip();
+    let mut lost = HashSet::new();
+    if !ids.is_empty() {
+        let sent_at = Instant::now();
+        match store::renew(pool, &ids, &tokens, lease_timeout).await {
+            Ok(renewed) => {
+                let renewed: HashSet<Uuid> = renewed.into_iter().collect();
+                let mut current = held.lock();
+                for (id, token) in ids.into_iter().zip(tokens) {
+                    match current.get_mut(&id) {
+                        Some(lease) if lease.token == token && renewed.contains(&id) => {
+                            lease.confirmed_at = sent_at;
                         }
+                        Some(lease) if lease.token == token => {
+                            lost.insert((id, token));
+                        }
+                        _ => {} // acknowledged or re-leased meanwhile
                     }
                 }
-                Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
             }
+            Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
         }
-        let given_up = held.give_up(&lost, lease_timeout);
-        if given_up > 0 {
-            tracing::warn!(
-                given_up,
-                "outbox leases lost or unconfirmed for a whole lease timeout; \
+    }
+    let given_up = held.give_up(&lost, lease_timeout);
+    if given_up > 0 {
+        tracing::warn!(
+            given_up,
+            "outbox leases lost or unconfirmed for a whole lease timeout; \
                  cancelled their deliveries so no two relays deliver one row at once"
-            );
-        }
+        );
     }
 }

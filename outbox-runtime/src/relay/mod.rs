@@ -2,7 +2,8 @@
 //!
 //! Inside, one loop leases batches and spawns a task per delivery (at most `concurrency` at
 //! once); deliveries send their outcomes to an acknowledger that writes them in batches; a
-//! listener wakes the loop on NOTIFY; a renewer keeps the leases of held rows alive.
+//! listener wakes the loop on NOTIFY; between writes, the acknowledger renews the leases of
+//! held rows.
 
 mod acker;
 mod builder;
@@ -101,11 +102,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
         let listener = AbortOnDrop(tokio::spawn(listener::listen(listen_pool, wake.clone())));
-        let renewer = AbortOnDrop(tokio::spawn(held::renew_leases(
-            relay_pool.clone(),
-            held.clone(),
-            config.lease_timeout,
-        )));
+
         let mut acker = AbortOnDrop(tokio::spawn(
             Acker {
                 pool: relay_pool.clone(),
@@ -149,7 +146,6 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             );
             tasks.shutdown().await; // cancelled deliveries hand their rows back
         }
-        drop(renewer);
         drop(acks);
         // With the database away the last acknowledgements could retry for a lease timeout;
         // shutdown gives up sooner, and those rows are delivered again after their leases.

@@ -1,8 +1,7 @@
 //! The relay's statements: lease, renew, and the fenced acknowledgements.
 //!
-//! Statements that update rows a relay holds (acknowledgements, renewals) lock them first in
-//! `event_id` order, in a `locked` CTE: the acknowledger and the renewer work on overlapping
-//! rows from two connections, and locking in one order is what keeps them from deadlocking.
+//! A relay's acknowledgements and renewals run one after the other on one task: they touch
+//! overlapping rows, and two statements locking many rows in different orders would deadlock.
 
 use std::time::Duration;
 
@@ -168,13 +167,9 @@ pub(crate) async fn publish(
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "WITH locked AS ( \
-             SELECT event_id FROM outbox.events WHERE event_id = ANY($1) \
-             ORDER BY event_id FOR UPDATE) \
-         UPDATE outbox.events e SET published_at = now() \
+        "UPDATE outbox.events e SET published_at = now() \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS a(event_id, lease_token) \
          WHERE e.event_id = a.event_id AND e.lease_token = a.lease_token \
-           AND e.event_id IN (SELECT event_id FROM locked) \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id",
     )
@@ -216,10 +211,7 @@ pub(crate) async fn fail(
     max_attempts: i32,
 ) -> Result<Vec<RecordedFailure>, sqlx::Error> {
     let rows = sqlx::query(
-        "WITH locked AS ( \
-             SELECT event_id FROM outbox.events WHERE event_id = ANY($1) \
-             ORDER BY event_id FOR UPDATE) \
-         UPDATE outbox.events e \
+        "UPDATE outbox.events e \
          SET attempts     = e.attempts + 1, \
              last_error   = f.error, \
              lease_token  = NULL, \
@@ -228,7 +220,6 @@ pub(crate) async fn fail(
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
               AS f(event_id, lease_token, error, retry_in) \
          WHERE e.event_id = f.event_id AND e.lease_token = f.lease_token \
-           AND e.event_id IN (SELECT event_id FROM locked) \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id, e.dead_at IS NOT NULL",
     )
@@ -251,13 +242,9 @@ pub(crate) async fn release(
     tokens: &[Uuid],
 ) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
-        "WITH locked AS ( \
-             SELECT event_id FROM outbox.events WHERE event_id = ANY($1) \
-             ORDER BY event_id FOR UPDATE) \
-         UPDATE outbox.events e SET lease_token = NULL, available_at = now() \
+        "UPDATE outbox.events e SET lease_token = NULL, available_at = now() \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
          WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
-           AND e.event_id IN (SELECT event_id FROM locked) \
            AND e.published_at IS NULL AND e.dead_at IS NULL",
     )
     .bind(ids)
@@ -275,13 +262,9 @@ pub(crate) async fn renew(
     lease_timeout: Duration,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "WITH locked AS ( \
-             SELECT event_id FROM outbox.events WHERE event_id = ANY($1) \
-             ORDER BY event_id FOR UPDATE) \
-         UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
+        "UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
          WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
-           AND e.event_id IN (SELECT event_id FROM locked) \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id",
     )
