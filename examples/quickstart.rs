@@ -1,5 +1,6 @@
-//! The outbox end to end: a business update and its event commit together, then a relay
-//! delivers the event to a typed handler.
+//! The outbox end to end: a business update and its events commit together, then a relay
+//! delivers them to typed handlers, in order (both event types are `ordered`, so one order's
+//! events arrive as they were emitted).
 //!
 //! Run with `cargo run --example quickstart` against the PostgreSQL in `DATABASE_URL`
 //! (default: postgres://postgres@127.0.0.1:5432/postgres, set in .cargo/config.toml).
@@ -12,7 +13,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "order", event_type = "order.placed")]
+#[outbox(aggregate = "order", event_type = "order.placed", ordered)]
 struct OrderPlaced {
     #[outbox(id)]
     order_id: Uuid,
@@ -20,7 +21,7 @@ struct OrderPlaced {
 }
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "order", event_type = "order.cancelled")]
+#[outbox(aggregate = "order", event_type = "order.cancelled", ordered)]
 struct OrderCancelled {
     #[outbox(id)]
     order_id: Uuid,
