@@ -238,6 +238,8 @@ async fn lease_buffers(pool: &PgPool) -> i64 {
     .fetch_one(&mut *conn)
     .await
     .unwrap();
+    // The connection goes back to the pool, where the next call may get it again.
+    sqlx::query("DEALLOCATE lease").execute(&mut *conn).await.unwrap();
     let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");
     candidates["Shared Hit Blocks"].as_i64().unwrap()
         + candidates["Shared Read Blocks"].as_i64().unwrap()
