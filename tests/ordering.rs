@@ -172,14 +172,6 @@ async fn available_at(pool: &PgPool, id: Uuid) -> DateTime<Utc> {
         .unwrap()
 }
 
-async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
-    sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 async fn seq(pool: &PgPool, id: Uuid) -> i64 {
     sqlx::query_scalar("SELECT seq FROM outbox.events WHERE event_id = $1")
         .bind(id)

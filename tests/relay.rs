@@ -214,14 +214,6 @@ async fn stalls(ctx: EventContext<Stall>, _: OrderPlaced) -> Result<(), HandlerE
     Ok(())
 }
 
-async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
-    sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 /// Relay A stalls on an event (think: a long GC pause) until its lease runs out and relay B
 /// takes the row over; while B's handler still runs, A finishes with `a_fails` and
 /// acknowledges under its stale token.

@@ -88,6 +88,15 @@ pub async fn row_state(pool: &PgPool, event_id: Uuid) -> RowState {
     .unwrap()
 }
 
+/// The row's current lease token.
+pub async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
+    sqlx::query_scalar("SELECT lease_token FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 pub async fn count_published(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL")
         .fetch_one(pool)
