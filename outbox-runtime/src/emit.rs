@@ -48,7 +48,8 @@ pub async fn emit_with<E: OutboxEvent>(
     options: EmitOptions,
 ) -> Result<Uuid, Error> {
     let ids = emit_all_with(tx, [event], options).await?;
-    Ok(ids.into_iter().next().unwrap_or_default())
+    // One event in, one id out (see `emit_all_with`).
+    ids.into_iter().next().ok_or(Error::Database(sqlx::Error::RowNotFound))
 }
 
 /// Writes many events of one type in a single statement, in iteration order; returns their ids
@@ -103,7 +104,8 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
         // while this insert waited on it): that event stands for this one.
         Some(key) if inserted.is_empty() => {
             let first = store::event_for_key(tx, E::AGGREGATE_TYPE, &key).await?;
-            Ok(first.into_iter().collect())
+            // The conflicting row committed before our insert gave up on it, so it is visible.
+            Ok(vec![first.ok_or(sqlx::Error::RowNotFound)?])
         }
         _ => Ok(rows.event_ids),
     }

@@ -21,10 +21,14 @@ pub struct OutboxStats {
     pub oldest_pending_age: Option<Duration>,
 }
 
-/// Reads [`OutboxStats`] in one statement.
+/// Reads [`OutboxStats`]: the totals of [`stats_by_type`], from the same statement.
 pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
-    let (pending, dead, age) = store::stats(pool).await?;
-    Ok(OutboxStats { pending, dead, oldest_pending_age: age.map(seconds) })
+    let by_type = stats_by_type(pool).await?;
+    Ok(OutboxStats {
+        pending: by_type.iter().map(|t| t.pending).sum(),
+        dead: by_type.iter().map(|t| t.dead).sum(),
+        oldest_pending_age: by_type.iter().filter_map(|t| t.oldest_pending_age).max(),
+    })
 }
 
 /// [`OutboxStats`] of one `(aggregate_type, event_type)`.

@@ -2,37 +2,29 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{micros, NOTIFY_CHANNEL};
 use crate::dead_letters::DeadEvent;
 
-/// `(pending, dead, seconds since the oldest pending event was created)`.
-pub(crate) async fn stats(pool: &PgPool) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT \
-             (SELECT count(*) FROM outbox.events \
-              WHERE published_at IS NULL AND dead_at IS NULL), \
-             (SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL), \
-             (SELECT extract(epoch FROM now() - min(created_at))::float8 FROM outbox.events \
-              WHERE published_at IS NULL AND dead_at IS NULL)",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
-}
-
 /// Per `(aggregate_type, event_type)`: pending, dead, and age of the oldest pending event.
+/// Pending and dead rows are read through their partial indexes, never the published history.
 pub(crate) async fn stats_by_type(
     pool: &PgPool,
 ) -> Result<Vec<(String, String, i64, i64, Option<f64>)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT aggregate_type, event_type, \
-                count(*) FILTER (WHERE dead_at IS NULL), \
-                count(*) FILTER (WHERE dead_at IS NOT NULL), \
-                extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL))::float8 \
-         FROM outbox.events WHERE published_at IS NULL \
+                count(*) FILTER (WHERE NOT dead), \
+                count(*) FILTER (WHERE dead), \
+                extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 \
+         FROM ( \
+             SELECT aggregate_type, event_type, created_at, false AS dead FROM outbox.events \
+             WHERE published_at IS NULL AND dead_at IS NULL \
+             UNION ALL \
+             SELECT aggregate_type, event_type, created_at, true FROM outbox.events \
+             WHERE dead_at IS NOT NULL \
+         ) AS unpublished \
          GROUP BY aggregate_type, event_type ORDER BY aggregate_type, event_type",
     )
     .fetch_all(pool)
