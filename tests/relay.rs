@@ -522,17 +522,31 @@ async fn unknown_event_types_fail_when_asked_to(pool: PgPool) {
     let renamed = CustomerRenamed { customer_id: 9, name: "Ada".into() };
     let unknown = outbox_runtime::emit(&mut tx, &renamed).await.unwrap();
     tx.commit().await.unwrap();
+    // Handled events of another type, older and newer: a relay leasing every type still
+    // delivers them.
+    let mut placed_ids = emit_committed(&pool, &[placed(1)]).await;
+    placed_ids.extend(emit_committed(&pool, &[placed(2)]).await);
 
+    let log = Log::default();
     let relay = Running::start(
         fast(Relay::builder(pool.clone()))
-            .state(Log::default())
+            .state(log.clone())
             .handler(log_placed)
             .unknown_events(UnknownEvents::Fail)
             .max_attempts(1),
     );
     eventually("the unknown event is dead", || async { row_state(&pool, unknown).await.dead })
         .await;
+    eventually("the handled events are published", || async {
+        row_state(&pool, placed_ids[0]).await.published
+            && row_state(&pool, placed_ids[1]).await.published
+    })
+    .await;
     relay.stop().await;
+    let mut delivered: Vec<Uuid> = log.0.lock().unwrap().iter().map(|(id, _)| *id).collect();
+    delivered.sort();
+    placed_ids.sort();
+    assert_eq!(delivered, placed_ids, "each handled event delivered once");
     let error = row_state(&pool, unknown).await.last_error.unwrap();
     assert_eq!(
         error,

@@ -8,6 +8,8 @@ use std::time::Instant;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+use outbox_runtime::OutboxEvent;
+
 use crate::events::Credited;
 
 /// The reference design's table, with a partial index on pending rows (its module ships no
@@ -122,8 +124,8 @@ pub async fn reference(pool: &PgPool, events: usize, workers: usize) -> (f64, us
     (rate, total - events)
 }
 
-/// A hand-tuned plain-SQL relay on `outbox.events`: lease 100 rows pushing `available_at`
-/// under a token, decode and handle each, acknowledge the batch in one statement. One loop.
+/// A hand-tuned plain-SQL relay on `outbox.events`: lease the oldest 100 rows of its one event
+/// type (through the per-type pending index) pushing `available_at` under a token, decode and handle each, acknowledge the batch in one statement. One loop.
 pub async fn hand_tuned(pool: &PgPool, events: usize) -> f64 {
     let started = Instant::now();
     let mut delivered = 0;
@@ -133,12 +135,15 @@ pub async fn hand_tuned(pool: &PgPool, events: usize) -> f64 {
             "UPDATE outbox.events e SET lease_token = $1, \
                     available_at = now() + interval '30 seconds' \
              FROM (SELECT event_id FROM outbox.events \
-                   WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
+                   WHERE aggregate_type = $2 AND event_type = $3 \
+                     AND published_at IS NULL AND dead_at IS NULL AND available_at <= now() \
                    ORDER BY available_at, seq LIMIT 100 FOR UPDATE SKIP LOCKED) c \
              WHERE e.event_id = c.event_id \
              RETURNING e.event_id, e.payload::text",
         )
         .bind(token)
+        .bind(Credited::AGGREGATE_TYPE)
+        .bind(Credited::EVENT_TYPE)
         .fetch_all(pool)
         .await
         .unwrap();

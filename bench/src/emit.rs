@@ -17,9 +17,18 @@ pub async fn accounts(pool: &PgPool) {
         .unwrap();
 }
 
-/// `producers` tasks commit transactions of one UPDATE (plus one `emit` if `with_emit`) for
-/// `duration`; returns transactions per second.
-pub async fn business(pool: &PgPool, producers: usize, duration: Duration, with_emit: bool) -> f64 {
+/// What a business transaction does after its UPDATE.
+#[derive(Clone, Copy)]
+pub enum Extra {
+    Nothing,
+    /// The cheapest statement there is: the floor of any second statement's cost.
+    SelectOne,
+    Emit,
+}
+
+/// `producers` tasks commit transactions of one UPDATE plus `extra` for `duration`; returns
+/// transactions per second.
+pub async fn business(pool: &PgPool, producers: usize, duration: Duration, extra: Extra) -> f64 {
     let until = Instant::now() + duration;
     let tasks: Vec<_> = (0..producers)
         .map(|p| {
@@ -35,9 +44,15 @@ pub async fn business(pool: &PgPool, producers: usize, duration: Duration, with_
                         .execute(&mut *tx)
                         .await
                         .unwrap();
-                    if with_emit {
-                        let event = Credited { account: account as u32, cents: 1 };
-                        outbox_runtime::emit(&mut tx, &event).await.unwrap();
+                    match extra {
+                        Extra::Nothing => {}
+                        Extra::SelectOne => {
+                            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+                        }
+                        Extra::Emit => {
+                            let event = Credited { account: account as u32, cents: 1 };
+                            outbox_runtime::emit(&mut tx, &event).await.unwrap();
+                        }
                     }
                     tx.commit().await.unwrap();
                     done += 1;

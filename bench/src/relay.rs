@@ -20,6 +20,7 @@ async fn noop<E>(_: EventContext, _: E) -> Result<(), std::convert::Infallible> 
 pub struct Setup {
     pub relays: usize,
     pub concurrency: usize,
+    pub batch_size: u32,
     pub ordered: bool,
 }
 
@@ -30,7 +31,9 @@ pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> f64 {
     let mut metrics = Vec::new();
     let started = Instant::now();
     for _ in 0..setup.relays {
-        let builder = Relay::builder(pool.clone()).concurrency(setup.concurrency);
+        let builder = Relay::builder(pool.clone())
+            .concurrency(setup.concurrency)
+            .batch_size(setup.batch_size);
         let builder = if setup.ordered {
             builder.handler(noop::<Posted>)
         } else {

@@ -41,6 +41,9 @@ pub(crate) struct InsertShared<'a> {
 /// Inserts the rows; returns the ids actually inserted (an idempotency key already stored
 /// inserts nothing).
 ///
+/// One unordered event, the common case, takes the plain single-row statement: on the
+/// producer's hot path, every bit of statement work counts against its transaction.
+///
 /// For ordered events it first takes a transaction-scoped advisory lock per aggregate, in key
 /// order (so two batches cannot deadlock each other), and only then lets rows draw their `seq`:
 /// the uncorrelated subquery in WHERE is a one-time filter, evaluated before any row is made.
@@ -54,6 +57,28 @@ pub(crate) async fn insert_events(
         Available::After(delay) => (None, delay),
         Available::At(at) => (Some(at), Duration::ZERO),
     };
+    if let ([event_id], false) = (rows.event_ids.as_slice(), shared.ordered) {
+        return sqlx::query_scalar(
+            "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
+                                        payload, headers, available_at, idempotency_key) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
+                     COALESCE($7::timestamptz, now() + $8::bigint * interval '1 microsecond'), $9) \
+             ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
+             DO NOTHING \
+             RETURNING event_id",
+        )
+        .bind(event_id)
+        .bind(shared.aggregate_type)
+        .bind(&rows.aggregate_ids[0])
+        .bind(shared.event_type)
+        .bind(&rows.payloads[0])
+        .bind(shared.headers)
+        .bind(at)
+        .bind(micros(delay))
+        .bind(shared.idempotency_key)
+        .fetch_all(conn)
+        .await;
+    }
     sqlx::query_scalar(
         "WITH locked AS ( \
              SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \

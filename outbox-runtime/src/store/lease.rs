@@ -88,37 +88,52 @@ macro_rules! first_in_aggregate {
     };
 }
 
-/// Leases the oldest available rows of the handled types: one short scan of the
-/// `events_pending_by_type` index per type, so rows of types this relay does not handle cost
-/// nothing however many pile up.
-pub(crate) const LEASE_HANDLED: &str = lease_sql!(
-    "SELECT c.event_id \
-     FROM UNNEST($6::text[], $7::text[]) AS h(aggregate_type, event_type) \
-     CROSS JOIN LATERAL ( \
-         SELECT r.event_id, r.available_at, r.seq FROM outbox.events r \
-         WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
-           AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-           AND ",
-    first_in_aggregate!(),
-    " \
-         ORDER BY r.available_at, r.seq \
-         LIMIT $1 \
-         FOR UPDATE SKIP LOCKED \
-     ) c \
-     ORDER BY c.available_at, c.seq \
-     LIMIT $1"
-);
+/// Selects and locks the oldest available rows of the types in `types` (a relation of
+/// `aggregate_type, event_type` pairs): one short scan of the `events_pending_by_type` index
+/// per type, so rows of other types cost nothing however many pile up.
+macro_rules! oldest_per_type {
+    ($types:expr) => {
+        concat!(
+            "SELECT c.event_id FROM ",
+            $types,
+            " AS h(aggregate_type, event_type) \
+             CROSS JOIN LATERAL ( \
+                 SELECT r.event_id, r.available_at, r.seq FROM outbox.events r \
+                 WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
+                   AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
+                   AND ",
+            first_in_aggregate!(),
+            " \
+                 ORDER BY r.available_at, r.seq \
+                 LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED \
+             ) c \
+             ORDER BY c.available_at, c.seq \
+             LIMIT $1"
+        )
+    };
+}
 
-/// Leases the oldest available rows of any type.
+/// Leases the oldest available rows of the handled types, `$6` and `$7` column-wise.
+pub(crate) const LEASE_HANDLED: &str =
+    lease_sql!(oldest_per_type!("UNNEST($6::text[], $7::text[])"));
+
+/// Leases the oldest available rows of any type. The types with pending rows come from a
+/// skip scan of the per-type index (one probe per type), not from an index of their own.
 const LEASE_ANY: &str = lease_sql!(
-    "SELECT r.event_id FROM outbox.events r \
-     WHERE r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-       AND ",
-    first_in_aggregate!(),
-    " \
-     ORDER BY r.available_at, r.seq \
-     LIMIT $1 \
-     FOR UPDATE SKIP LOCKED"
+    "WITH RECURSIVE pending_types AS ( \
+         (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
+          WHERE r.published_at IS NULL AND r.dead_at IS NULL \
+          ORDER BY r.aggregate_type, r.event_type LIMIT 1) \
+         UNION ALL \
+         SELECT n.aggregate_type, n.event_type FROM pending_types t CROSS JOIN LATERAL ( \
+             SELECT r.aggregate_type, r.event_type FROM outbox.events r \
+             WHERE r.published_at IS NULL AND r.dead_at IS NULL \
+               AND (r.aggregate_type, r.event_type) > (t.aggregate_type, t.event_type) \
+             ORDER BY r.aggregate_type, r.event_type LIMIT 1 \
+         ) n \
+     ) ",
+    oldest_per_type!("pending_types")
 );
 
 /// Leases up to `limit` available rows in one statement under a fresh fencing token.
