@@ -44,6 +44,11 @@ pub use handler::{Handler, HandlerFuture};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::{TransactionContext, TransactionalHandler};
 
+/// How soon a failed lease is tried again, doubling up to 30 s while it keeps failing. Soon:
+/// the usual failure is one broken pooled connection (after a database restart, say), which
+/// the failure itself discarded.
+const FIRST_LEASE_RETRY: Duration = Duration::from_millis(50);
+
 type Routes<S> = HashMap<(&'static str, &'static str), Arc<dyn Route<S>>>;
 
 /// Delivers committed outbox events to typed handlers, at least once each.
@@ -90,12 +95,25 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         // The relay's own statements get connections of their own, so a pool busy with
         // handlers (or starved by them) cannot delay a lease renewal past its deadline.
         // Named, so operators (and tests) can find them in pg_stat_activity.
-        let own_pool = |connections, name| {
-            let options = (*self.pool.connect_options()).clone().application_name(name);
-            PgPoolOptions::new().max_connections(connections).connect_lazy_with(options)
+        // No ping before each statement (sqlx's default): it doubles the round trips of the
+        // lease, the drain's bound, and a broken connection fails the statement anyway, which
+        // the relay retries.
+        let options = |name| (*self.pool.connect_options()).clone().application_name(name);
+        let own_pool = |connections, options| {
+            PgPoolOptions::new()
+                .max_connections(connections)
+                .test_before_acquire(false)
+                .connect_lazy_with(options)
         };
-        let relay_pool = own_pool(4, "outbox-relay");
-        let listen_pool = own_pool(1, "outbox-relay-listen");
+        let relay_pool = own_pool(4, options("outbox-relay"));
+        let listen_pool = own_pool(1, options("outbox-relay-listen"));
+        // The lease bounds a drain: it gets a connection that plans it once and reuses the
+        // plan (its generic plan is as good as a fresh one, see `store::lease`), where planning
+        // each lease took a fifth of its time. Without JIT, which that plan's cost estimate
+        // (the row limit unknown) would trigger on every lease.
+        let lease_options = options("outbox-relay-lease")
+            .options([("plan_cache_mode", "force_generic_plan"), ("jit", "off")]);
+        let lease_pool = own_pool(1, lease_options);
         let wake = Arc::new(Notify::new());
         let held = Held::default();
         let (acks, acks_rx) = mpsc::unbounded_channel();
@@ -127,7 +145,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
 
         self.metrics.set_running(true);
         let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
-        let result = self.work(&relay_pool, &mut work, &wake, shutdown).await;
+        let pools = Pools { lease: &lease_pool, relay: &relay_pool };
+        let result = self.work(pools, &mut work, &wake, shutdown).await;
         drop(listener);
         drop(retention);
         #[cfg(feature = "metrics")]
@@ -154,6 +173,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             Err(_) => tracing::warn!("outbox acknowledgements unfinished at the shutdown timeout"),
             Ok(Ok(())) => {}
         }
+        lease_pool.close().await;
         relay_pool.close().await;
         self.metrics.set_running(false);
         result.map(|()| self.metrics.counts())
@@ -162,14 +182,14 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// Leases and starts deliveries until `shutdown`; returns early only on a fatal error.
     async fn work(
         &self,
-        pool: &PgPool,
+        pools: Pools<'_>,
         work: &mut Work,
         wake: &Notify,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Error> {
         let config = &self.config;
         let mut shutdown = std::pin::pin!(shutdown.fuse());
-        let mut retry = config.poll_interval;
+        let mut retry = FIRST_LEASE_RETRY;
         let types = match config.unknown_events {
             UnknownEvents::LeaveForOthers => Some(self.handled.1.clone()),
             UnknownEvents::Fail => None,
@@ -191,17 +211,17 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 self.start(work, row);
                 continue;
             }
-            match self.lease(pool, &work.held).await {
+            match self.lease(pools.lease, &work.held).await {
                 Ok((rows, full)) => {
-                    retry = config.poll_interval;
+                    retry = FIRST_LEASE_RETRY;
                     if full || !rows.is_empty() {
                         work.queue.extend(rows);
-                        idle.found_work(pool).await;
+                        idle.found_work(pools.relay).await;
                         continue;
                     }
                     tokio::select! {
                         () = &mut shutdown => break Ok(()),
-                        () = idle.wait(pool, wake) => {}
+                        () = idle.wait(pools.relay, wake) => {}
                     }
                 }
                 Err(Error::SchemaMissing) => break Err(Error::SchemaMissing),
@@ -215,7 +235,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 }
             }
         };
-        idle.unregister(pool).await;
+        idle.unregister(pools.relay).await;
         result
     }
 
@@ -277,6 +297,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let running = work.tasks.spawn(delivery.run());
         work.held.started(event_id, running);
     }
+}
+
+/// The relay's connections: the lease's own, and the one for everything else it writes.
+#[derive(Clone, Copy)]
+struct Pools<'a> {
+    lease: &'a PgPool,
+    relay: &'a PgPool,
 }
 
 /// The loop's working set, kept apart from the relay so shutdown can drain it.

@@ -48,6 +48,11 @@ pub(crate) struct LeaseRequest<'a> {
 
 /// The lease statement around a `candidates` query that selects and locks the rows to lease.
 ///
+/// The candidates are located by `ctid`, the address of the row version they locked (no other
+/// statement can replace it while the lock is held): that spares a second, primary-key lookup
+/// per row, and leaves the planner a single plan, so the relay can reuse it instead of
+/// planning each lease anew.
+///
 /// The lease pushes `available_at` past the lease timeout, so the row stays invisible to every
 /// other relay after this statement commits, until the lease expires. Leasing a row whose
 /// previous lease expired counts that expiry as an attempt, and kills the row if it was the last.
@@ -65,8 +70,7 @@ macro_rules! lease_sql {
                                 ELSE 'lease expired before the relay acknowledged the event' END, \
                  dead_at      = CASE WHEN e.lease_token IS NOT NULL AND e.attempts + 1 >= $4 \
                                 THEN now() END \
-             FROM candidates c \
-             WHERE e.event_id = c.event_id \
+             WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates)) \
              RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
                        e.payload::text, e.headers, e.created_at, e.attempts, \
                        e.dead_at IS NOT NULL AS died"
@@ -94,11 +98,11 @@ macro_rules! first_in_aggregate {
 macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
-            "SELECT c.event_id FROM ",
+            "SELECT c.ctid FROM ",
             $types,
             " AS h(aggregate_type, event_type) \
              CROSS JOIN LATERAL ( \
-                 SELECT r.event_id, r.available_at, r.seq FROM outbox.events r \
+                 SELECT r.ctid, r.available_at, r.seq FROM outbox.events r \
                  WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
                    AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
                    AND ",
@@ -174,6 +178,11 @@ pub(crate) async fn lease(
         .collect()
 }
 
+// The acknowledgements below join the rows to their tokens on `event_id`, and also say
+// `event_id = ANY($1)`: without it the planner may hash the join against a scan of every
+// pending row (it did, at 5 ms a statement against 20,000 pending rows), where a probe of the
+// primary key per acknowledged row is what it should do.
+
 /// Marks delivered rows published. Returns the ids whose lease was still valid; the others
 /// were re-leased by another relay after this one's lease expired, and are left untouched.
 pub(crate) async fn publish(
@@ -184,7 +193,8 @@ pub(crate) async fn publish(
     sqlx::query_scalar(
         "UPDATE outbox.events e SET published_at = now() \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS a(event_id, lease_token) \
-         WHERE e.event_id = a.event_id AND e.lease_token = a.lease_token \
+         WHERE e.event_id = ANY($1) AND e.event_id = a.event_id \
+           AND e.lease_token = a.lease_token \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id",
     )
@@ -234,7 +244,8 @@ pub(crate) async fn fail(
              dead_at      = CASE WHEN e.attempts + 1 >= $5 THEN now() END \
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
               AS f(event_id, lease_token, error, retry_in) \
-         WHERE e.event_id = f.event_id AND e.lease_token = f.lease_token \
+         WHERE e.event_id = ANY($1) AND e.event_id = f.event_id \
+           AND e.lease_token = f.lease_token \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id, e.dead_at IS NOT NULL",
     )
@@ -259,7 +270,8 @@ pub(crate) async fn release(
     let done = sqlx::query(
         "UPDATE outbox.events e SET lease_token = NULL, available_at = now() \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
-         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
+         WHERE e.event_id = ANY($1) AND e.event_id = r.event_id \
+           AND e.lease_token = r.lease_token \
            AND e.published_at IS NULL AND e.dead_at IS NULL",
     )
     .bind(ids)
@@ -279,7 +291,8 @@ pub(crate) async fn renew(
     sqlx::query_scalar(
         "UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
          FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
-         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
+         WHERE e.event_id = ANY($1) AND e.event_id = r.event_id \
+           AND e.lease_token = r.lease_token \
            AND e.published_at IS NULL AND e.dead_at IS NULL \
          RETURNING e.event_id",
     )
