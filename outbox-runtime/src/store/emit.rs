@@ -38,6 +38,19 @@ pub(crate) struct InsertShared<'a> {
     pub(crate) idempotency_key: Option<&'a str>,
 }
 
+/// The single-row insert of one unordered event, followed by `$tail`.
+macro_rules! insert_one {
+    ($tail:literal) => {
+        concat!(
+            "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
+                                        payload, headers, available_at, idempotency_key) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
+                     COALESCE($7::timestamptz, now() + $8::bigint * interval '1 microsecond'), $9)",
+            $tail
+        )
+    };
+}
+
 /// Inserts the rows; returns the ids actually inserted (an idempotency key already stored
 /// inserts nothing).
 ///
@@ -58,26 +71,28 @@ pub(crate) async fn insert_events(
         Available::At(at) => (Some(at), Duration::ZERO),
     };
     if let ([event_id], false) = (rows.event_ids.as_slice(), shared.ordered) {
-        return sqlx::query_scalar(
-            "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
-                                        payload, headers, available_at, idempotency_key) \
-             VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
-                     COALESCE($7::timestamptz, now() + $8::bigint * interval '1 microsecond'), $9) \
-             ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
-             DO NOTHING \
-             RETURNING event_id",
-        )
-        .bind(event_id)
-        .bind(shared.aggregate_type)
-        .bind(&rows.aggregate_ids[0])
-        .bind(shared.event_type)
-        .bind(&rows.payloads[0])
-        .bind(shared.headers)
-        .bind(at)
-        .bind(micros(delay))
-        .bind(shared.idempotency_key)
-        .fetch_all(conn)
-        .await;
+        // Without a key there is nothing to conflict with: a plain insert, which spares the
+        // speculative insertion ON CONFLICT costs.
+        let sql = match shared.idempotency_key {
+            None => insert_one!(""),
+            Some(_) => insert_one!(
+                " ON CONFLICT (aggregate_type, idempotency_key) \
+                  WHERE idempotency_key IS NOT NULL DO NOTHING"
+            ),
+        };
+        let inserted = sqlx::query(sql)
+            .bind(event_id)
+            .bind(shared.aggregate_type)
+            .bind(&rows.aggregate_ids[0])
+            .bind(shared.event_type)
+            .bind(&rows.payloads[0])
+            .bind(shared.headers)
+            .bind(at)
+            .bind(micros(delay))
+            .bind(shared.idempotency_key)
+            .execute(conn)
+            .await?;
+        return Ok(if inserted.rows_affected() == 1 { vec![*event_id] } else { Vec::new() });
     }
     sqlx::query_scalar(
         "WITH locked AS ( \
