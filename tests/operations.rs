@@ -245,6 +245,40 @@ async fn lease_buffers(pool: &PgPool) -> i64 {
         + candidates["Shared Read Blocks"].as_i64().unwrap()
 }
 
+/// Whether any node of a JSON plan is a sequential scan.
+fn has_seq_scan(node: &serde_json::Value) -> bool {
+    node["Node Type"] == "Seq Scan"
+        || node["Plans"].as_array().is_some_and(|children| children.iter().any(has_seq_scan))
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_relays_reused_lease_plan_stays_index_driven_as_the_outbox_grows(pool: PgPool) {
+    migrated(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql(outbox_runtime::__private::LEASE_SESSION).execute(&mut *conn).await.unwrap();
+    sqlx::query(&format!(
+        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
+        outbox_runtime::__private::LEASE_SQL
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let lease = "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', \
+                 '{order.placed}')";
+    // The plan is made on the empty outbox a relay may start on, and kept.
+    sqlx::query(lease).execute(&mut *conn).await.unwrap();
+    emit_committed(&pool, &(0..20_000).map(placed).collect::<Vec<_>>()).await;
+
+    let plan: serde_json::Value =
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {lease}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    sqlx::raw_sql("DEALLOCATE lease; RESET ALL").execute(&mut *conn).await.unwrap();
+    assert!(!has_seq_scan(&plan[0]["Plan"]), "{plan:#}");
+    assert_eq!(plan[0]["Plan"]["Actual Rows"], 100, "{plan:#}");
+}
+
 fn find_node<'a>(node: &'a serde_json::Value, subplan: &str) -> Option<&'a serde_json::Value> {
     if node["Subplan Name"] == subplan {
         return Some(node);

@@ -15,6 +15,9 @@ pub fn aggregate_id<T: ?Sized + core::fmt::Display>(id: &T) -> String {
 /// dead ordered, `$6`/`$7` handled aggregate and event types.
 pub const LEASE_SQL: &str = crate::store::LEASE_HANDLED;
 
+/// The settings of the relay's lease connection, for the test that checks its reused plan.
+pub const LEASE_SESSION: &str = crate::store::LEASE_SESSION;
+
 /// The relay's statements one at a time, for the model-based test that checks the table's
 /// invariants after every step. Not for applications: the relay drives these.
 pub mod steps {

@@ -59,8 +59,9 @@ impl Relay<()> {
     /// Starts building a relay that leases from the outbox through `pool`.
     ///
     /// Handlers are free to use `pool` (transactional handlers do). The relay's own statements
-    /// run on up to five connections it opens with the pool's connect options: to lease, to
-    /// acknowledge and renew, for retention and gauges, and to LISTEN for new events.
+    /// run on up to six connections it opens with the pool's connect options: one to lease, up
+    /// to four to acknowledge and renew, for retention and gauges, and to register for
+    /// wake-ups, and one to LISTEN for new events.
     pub fn builder(pool: PgPool) -> RelayBuilder<()> {
         RelayBuilder { pool, state: (), handlers: Vec::new(), config: RelayConfig::default() }
     }

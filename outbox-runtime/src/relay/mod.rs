@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::{Executor, PgPool};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
@@ -99,21 +99,21 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         // lease, the drain's bound, and a broken connection fails the statement anyway, which
         // the relay retries.
         let options = |name| (*self.pool.connect_options()).clone().application_name(name);
-        let own_pool = |connections, options| {
-            PgPoolOptions::new()
-                .max_connections(connections)
-                .test_before_acquire(false)
-                .connect_lazy_with(options)
+        let own_pool = |connections| {
+            PgPoolOptions::new().max_connections(connections).test_before_acquire(false)
         };
-        let relay_pool = own_pool(4, options("outbox-relay"));
-        let listen_pool = own_pool(1, options("outbox-relay-listen"));
-        // The lease bounds a drain: it gets a connection that plans it once and reuses the
-        // plan (its generic plan is as good as a fresh one, see `store::lease`), where planning
-        // each lease took a fifth of its time. Without JIT, which that plan's cost estimate
-        // (the row limit unknown) would trigger on every lease.
-        let lease_options = options("outbox-relay-lease")
-            .options([("plan_cache_mode", "force_generic_plan"), ("jit", "off")]);
-        let lease_pool = own_pool(1, lease_options);
+        let relay_pool = own_pool(4).connect_lazy_with(options("outbox-relay"));
+        let listen_pool = own_pool(1).connect_lazy_with(options("outbox-relay-listen"));
+        // The lease bounds a drain: its connection reuses one plan (see `LEASE_SESSION`). Set
+        // after connecting: poolers such as PgBouncer refuse such startup options.
+        let lease_pool = own_pool(1)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(store::LEASE_SESSION).await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options("outbox-relay-lease"));
         let wake = Arc::new(Notify::new());
         let held = Held::default();
         let (acks, acks_rx) = mpsc::unbounded_channel();
