@@ -220,24 +220,30 @@ async fn stats_by_type_split_pending_and_dead(pool: PgPool) {
     );
 }
 
-/// Shared buffers the lease statement reads to find its rows (the `candidates` part, not the
-/// update), from `EXPLAIN (ANALYZE, BUFFERS)`.
-async fn lease_buffers(pool: &PgPool) -> i64 {
-    let mut conn = pool.acquire().await.unwrap();
+/// The relay's default lease of up to 100 `order.placed` rows, once prepared as `lease`.
+const LEASE: &str =
+    "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}')";
+
+async fn prepare_lease(conn: &mut sqlx::PgConnection) {
     sqlx::query(&format!(
         "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
         outbox_runtime::__private::LEASE_SQL
     ))
-    .execute(&mut *conn)
+    .execute(conn)
     .await
     .unwrap();
-    let plan: serde_json::Value = sqlx::query_scalar(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lease(100, gen_random_uuid(), 30000000, \
-         10, false, '{order}', '{order.placed}')",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
+}
+
+/// Shared buffers the lease statement reads to find its rows (the `candidates` part, not the
+/// update), from `EXPLAIN (ANALYZE, BUFFERS)`.
+async fn lease_buffers(pool: &PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    prepare_lease(&mut conn).await;
+    let plan: serde_json::Value =
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {LEASE}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
     // The connection goes back to the pool, where the next call may get it again.
     sqlx::query("DEALLOCATE lease").execute(&mut *conn).await.unwrap();
     let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");
@@ -256,21 +262,13 @@ async fn the_relays_reused_lease_plan_stays_index_driven_as_the_outbox_grows(poo
     migrated(&pool).await;
     let mut conn = pool.acquire().await.unwrap();
     sqlx::raw_sql(outbox_runtime::__private::LEASE_SESSION).execute(&mut *conn).await.unwrap();
-    sqlx::query(&format!(
-        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
-        outbox_runtime::__private::LEASE_SQL
-    ))
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let lease = "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', \
-                 '{order.placed}')";
+    prepare_lease(&mut conn).await;
     // The plan is made on the empty outbox a relay may start on, and kept.
-    sqlx::query(lease).execute(&mut *conn).await.unwrap();
+    sqlx::query(LEASE).execute(&mut *conn).await.unwrap();
     emit_committed(&pool, &(0..20_000).map(placed).collect::<Vec<_>>()).await;
 
     let plan: serde_json::Value =
-        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {lease}"))
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {LEASE}"))
             .fetch_one(&mut *conn)
             .await
             .unwrap();
