@@ -136,7 +136,8 @@ async fn main() {
             db.drop().await;
         }
 
-        // 2. drain
+        // 2. drain; duplicate handler calls are summed over every drain of the run.
+        let duplicates = std::cell::Cell::new(0);
         let drain = async |events, setup: Setup| {
             let db = Database::fresh(&args.url, "drain").await;
             if setup.ordered {
@@ -144,9 +145,10 @@ async fn main() {
             } else {
                 db::backlog(&db.pool, events, credited).await;
             }
-            let rate = relay::drain(&db.pool, events, setup).await;
+            let drained = relay::drain(&db.pool, events, setup).await;
             db.drop().await;
-            rate
+            duplicates.set(duplicates.get() + drained.duplicates);
+            drained.events_per_second
         };
         // The reference point of the ratios below.
         let mut c16 = f64::NAN;
@@ -210,10 +212,15 @@ async fn main() {
             let db = Database::fresh(&args.url, "history").await;
             db::history(&db.pool, sizes.history).await;
             db::backlog(&db.pool, sizes.drain, credited).await;
-            let rate = relay::drain(&db.pool, sizes.drain, c(1, 16)).await;
+            let drained = relay::drain(&db.pool, sizes.drain, c(1, 16)).await;
             db.drop().await;
+            duplicates.set(duplicates.get() + drained.duplicates);
+            let rate = drained.events_per_second;
             s.add("drain with history c16", rate);
             s.add("history vs empty", rate / c16);
+        }
+        if !c16.is_nan() {
+            s.add("drain duplicates", duplicates.get() as f64);
         }
     }
 
@@ -286,6 +293,11 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             format!("drain {}, 1 relay, concurrency 16", sizes.big_drain),
             format!("{:.0} events/s", m("drain big c16")),
             String::new(),
+        ),
+        (
+            "duplicate handler calls, every drain of a run together".into(),
+            format!("{:.0}", m("drain duplicates")),
+            target(m("drain duplicates") == 0.0, "0"),
         ),
         (
             format!("option: drain {d}, 1 relay, concurrency 16, batch_size 300"),

@@ -1,6 +1,7 @@
 //! Our relay: draining a backlog, and steady state with producers running.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,20 @@ use uuid::Uuid;
 
 use crate::events::{Credited, Posted};
 
-async fn noop<E>(_: EventContext, _: E) -> Result<(), std::convert::Infallible> {
+/// Handler calls, shared by every relay of a drain.
+type Calls = Arc<AtomicU64>;
+
+/// Does nothing but count its calls.
+async fn noop<E>(ctx: EventContext<Calls>, _: E) -> Result<(), std::convert::Infallible> {
+    ctx.state().fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// What one drain measured.
+pub struct Drained {
+    pub events_per_second: f64,
+    /// Handler calls beyond one per event.
+    pub duplicates: u64,
 }
 
 /// How to run the relays of one drain.
@@ -24,14 +37,16 @@ pub struct Setup {
     pub ordered: bool,
 }
 
-/// Runs relays until `events` events are delivered; returns events per second.
-pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> f64 {
+/// Runs relays until `events` events are delivered.
+pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> Drained {
+    let calls = Calls::default();
     let (stop, _) = broadcast::channel::<()>(1);
     let mut running = Vec::new();
     let mut metrics = Vec::new();
     let started = Instant::now();
     for _ in 0..setup.relays {
         let builder = Relay::builder(pool.clone())
+            .state(calls.clone())
             .concurrency(setup.concurrency)
             .batch_size(setup.batch_size);
         let builder = if setup.ordered {
@@ -54,7 +69,7 @@ pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> f64 {
     for relay in running {
         relay.await.unwrap().unwrap();
     }
-    rate
+    Drained { events_per_second: rate, duplicates: calls.load(Ordering::Relaxed) - events as u64 }
 }
 
 /// Steady state: `producers` tasks each commit one event per transaction for `duration`
