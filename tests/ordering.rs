@@ -960,11 +960,12 @@ async fn a_transactional_handler_commits_its_writes_with_the_acknowledgement(poo
         Ok(())
     }
     let log = Log::default();
-    let relay = Running::start(
+    let counts = deliver(
+        &pool,
         fast(Relay::builder(pool.clone())).state(log.clone()).transactional_handler(projects),
-    );
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
-    let counts = relay.stop().await;
+        id,
+    )
+    .await;
 
     assert_eq!(projection(&pool).await, [(id, 1)]);
     assert_eq!(log.len(), 1, "the handler ran once");
@@ -991,13 +992,14 @@ async fn a_failing_transactional_handler_leaves_no_writes(pool: PgPool) {
         Ok(())
     }
     let log = Log::default();
-    let relay = Running::start(
+    let counts = deliver(
+        &pool,
         fast(Relay::builder(pool.clone()))
             .state(log.clone())
             .transactional_handler(writes_then_fails_once),
-    );
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
-    let counts = relay.stop().await;
+        id,
+    )
+    .await;
 
     assert_eq!(projection(&pool).await, [(id, 2)], "only the second attempt's write stands");
     assert_eq!(log.of(1), [(1, 1), (1, 2)]);
@@ -1139,13 +1141,14 @@ async fn a_follow_up_event_exists_iff_the_delivery_committed(pool: PgPool) {
         Ok(())
     }
     let follow_ups = FollowUps::default();
-    let relay = Running::start(
+    let counts = deliver(
+        &pool,
         fast(Relay::builder(pool.clone()))
             .state(follow_ups.clone())
             .transactional_handler(emits_follow_up),
-    );
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
-    let counts = relay.stop().await;
+        id,
+    )
+    .await;
 
     let emitted = follow_ups.lock().unwrap().clone();
     assert_eq!(emitted.len(), 2);

@@ -599,11 +599,12 @@ async fn the_owner_role_migrates_and_grants_without_superuser(pool: PgPool) {
     let id = emit_with(&mut tx, &placed(1), EmitOptions::new().idempotency_key("k")).await.unwrap();
     tx.commit().await.unwrap();
     let desk = Desk::default();
-    let relay = Running::start(
+    deliver(
+        &pool,
         fast(Relay::builder(relay_pool.clone())).state(desk.clone()).handler(on_placed),
-    );
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
-    relay.stop().await;
+        id,
+    )
+    .await;
     assert_eq!(*desk.delivered.lock().unwrap(), [id]);
 
     // The roles' privileges are the script's, and no more: nobody but the owner may create in

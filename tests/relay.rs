@@ -119,10 +119,9 @@ async fn failures_back_off_then_succeed(pool: PgPool) {
         Ok(())
     }
     let log = Log::default();
-    let relay =
-        Running::start(fast(Relay::builder(pool.clone())).state(log.clone()).handler(flaky));
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
-    let counts = relay.stop().await;
+    let counts =
+        deliver(&pool, fast(Relay::builder(pool.clone())).state(log.clone()).handler(flaky), id)
+            .await;
 
     assert_eq!(*log.0.lock().unwrap(), [(id, 1), (id, 2), (id, 3)]);
     let row = row_state(&pool, id).await;
@@ -230,11 +229,7 @@ async fn stale_acknowledgement(pool: PgPool, a_fails: bool) {
     let a_token = lease_token(&pool, id).await.unwrap();
 
     // The lease runs out (A renews only every lease_timeout / 3 = 10 s) and B takes the row.
-    sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    expire_lease(&pool, id).await;
     let b_stall = Stall::new(false);
     let b =
         Running::start(fast(Relay::builder(pool.clone())).state(b_stall.clone()).handler(stalls));
@@ -294,7 +289,7 @@ async fn a_handler_outliving_the_lease_timeout_keeps_its_row(pool: PgPool) {
             .lease_timeout(Duration::from_millis(300))
     };
     let (a, b) = (Running::start(relay()), Running::start(relay()));
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    until_published(&pool, id).await;
     let (a, b) = (a.stop().await, b.stop().await);
 
     assert_eq!(*log.0.lock().unwrap(), [(id, 1)], "delivered once, by one relay");
@@ -314,18 +309,14 @@ async fn a_relay_that_re_leases_its_own_row_does_not_run_it_twice(pool: PgPool) 
     stall.started.notified().await;
     // The lease runs out before the relay renewed it, and the same relay leases the row again.
     let first = lease_token(&pool, id).await.unwrap();
-    sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    expire_lease(&pool, id).await;
     eventually("the relay re-leased its row", || async {
         lease_token(&pool, id).await != Some(first)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     stall.finish.notify_one();
-    eventually("the event is published", || async { row_state(&pool, id).await.published }).await;
+    until_published(&pool, id).await;
     let counts = relay.stop().await;
 
     assert_eq!(*stall.log.0.lock().unwrap(), [(id, 1)], "the handler ran once");

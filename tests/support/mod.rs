@@ -97,6 +97,15 @@ pub async fn lease_token(pool: &PgPool, id: Uuid) -> Option<Uuid> {
         .unwrap()
 }
 
+/// Ends the row's lease now, as if its holder had not renewed it in time.
+pub async fn expire_lease(pool: &PgPool, id: Uuid) {
+    sqlx::query("UPDATE outbox.events SET available_at = now() WHERE event_id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 pub async fn count_published(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL")
         .fetch_one(pool)
@@ -127,6 +136,22 @@ impl Running {
         let _ = self.stop.send(());
         self.task.await.unwrap().expect("relay stops cleanly")
     }
+}
+
+/// Waits until the event `id` is published.
+pub async fn until_published(pool: &PgPool, id: Uuid) {
+    eventually("the event is published", || async { row_state(pool, id).await.published }).await;
+}
+
+/// Runs a relay until the event `id` is published, then stops it; returns what it did.
+pub async fn deliver<S: Clone + Send + Sync + 'static>(
+    pool: &PgPool,
+    builder: RelayBuilder<S>,
+    id: Uuid,
+) -> RelayCounts {
+    let relay = Running::start(builder);
+    until_published(pool, id).await;
+    relay.stop().await
 }
 
 /// Fast settings so tests do not wait on production defaults.

@@ -186,6 +186,16 @@ pub(crate) async fn lease(
         .collect()
 }
 
+/// The fencing every acknowledgement and renewal goes through: it touches a row only under the
+/// lease token it names (`h`, the statement's rows of ids and tokens), and never a row that is
+/// already published or dead.
+macro_rules! fenced {
+    () => {
+        " WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+            AND e.published_at IS NULL AND e.dead_at IS NULL"
+    };
+}
+
 /// Marks delivered rows published. Returns the ids whose lease was still valid; the others
 /// were re-leased by another relay after this one's lease expired, and are left untouched.
 pub(crate) async fn publish(
@@ -193,13 +203,12 @@ pub(crate) async fn publish(
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
+    sqlx::query_scalar(concat!(
         "UPDATE outbox.events e SET published_at = now() \
-         FROM UNNEST($1::uuid[], $2::uuid[]) AS a(event_id, lease_token) \
-         WHERE e.event_id = a.event_id AND e.lease_token = a.lease_token \
-           AND e.published_at IS NULL AND e.dead_at IS NULL \
-         RETURNING e.event_id",
-    )
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS h(event_id, lease_token)",
+        fenced!(),
+        " RETURNING e.event_id"
+    ))
     .bind(ids)
     .bind(tokens)
     .fetch_all(executor)
@@ -237,19 +246,18 @@ pub(crate) async fn fail(
     failures: &Failures,
     max_attempts: i32,
 ) -> Result<Vec<RecordedFailure>, sqlx::Error> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         "UPDATE outbox.events e \
          SET attempts     = e.attempts + 1, \
-             last_error   = f.error, \
+             last_error   = h.error, \
              lease_token  = NULL, \
-             available_at = now() + f.retry_in * interval '1 microsecond', \
+             available_at = now() + h.retry_in * interval '1 microsecond', \
              dead_at      = CASE WHEN e.attempts + 1 >= $5 THEN now() END \
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
-              AS f(event_id, lease_token, error, retry_in) \
-         WHERE e.event_id = f.event_id AND e.lease_token = f.lease_token \
-           AND e.published_at IS NULL AND e.dead_at IS NULL \
-         RETURNING e.event_id, e.dead_at IS NOT NULL",
-    )
+              AS h(event_id, lease_token, error, retry_in)",
+        fenced!(),
+        " RETURNING e.event_id, e.dead_at IS NOT NULL"
+    ))
     .bind(&failures.event_ids)
     .bind(&failures.tokens)
     .bind(&failures.errors)
@@ -268,12 +276,11 @@ pub(crate) async fn release(
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = sqlx::query(concat!(
         "UPDATE outbox.events e SET lease_token = NULL, available_at = now() \
-         FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
-         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
-           AND e.published_at IS NULL AND e.dead_at IS NULL",
-    )
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS h(event_id, lease_token)",
+        fenced!()
+    ))
     .bind(ids)
     .bind(tokens)
     .execute(pool)
@@ -288,13 +295,12 @@ pub(crate) async fn renew(
     tokens: &[Uuid],
     lease_timeout: Duration,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
+    sqlx::query_scalar(concat!(
         "UPDATE outbox.events e SET available_at = now() + $3::bigint * interval '1 microsecond' \
-         FROM UNNEST($1::uuid[], $2::uuid[]) AS r(event_id, lease_token) \
-         WHERE e.event_id = r.event_id AND e.lease_token = r.lease_token \
-           AND e.published_at IS NULL AND e.dead_at IS NULL \
-         RETURNING e.event_id",
-    )
+         FROM UNNEST($1::uuid[], $2::uuid[]) AS h(event_id, lease_token)",
+        fenced!(),
+        " RETURNING e.event_id"
+    ))
     .bind(ids)
     .bind(tokens)
     .bind(micros(lease_timeout))
