@@ -76,7 +76,8 @@ GRANT SELECT (event_id, aggregate_type, idempotency_key) ON outbox.events TO out
 -- dead (discard) ones. No INSERT: a relay whose transactional handlers emit follow-up events
 -- also needs outbox_app's grants (`GRANT outbox_app TO outbox_relay`).
 GRANT SELECT, DELETE ON outbox.events TO outbox_relay;
-GRANT UPDATE (available_at, lease_token, attempts, last_error, dead_at, published_at)
+GRANT UPDATE (available_at, lease_token, attempts, expired_leases, last_error, dead_at,
+                published_at)
     ON outbox.events TO outbox_relay;
 -- An idle relay registers itself as asleep (an upsert), and withdraws when it wakes.
 GRANT SELECT, INSERT, DELETE ON outbox.sleeping_relays TO outbox_relay;

@@ -1,28 +1,39 @@
 //! Model-based test of the outbox table: random sequences of emit, lease, succeed, fail, expire,
-//! release, stale acknowledgements and requeue, run one statement at a time through
-//! `__private::steps` against the real PostgreSQL (a fresh database per case), with a small
-//! in-memory model that every row is checked against after every step.
+//! renew, release, stale acknowledgements and requeue, run one statement at a time through
+//! `__private::test_hooks::steps` against the real PostgreSQL (a fresh database per case), under
+//! randomly drawn relay settings, with a small in-memory model that every row is checked against
+//! after every step.
 //!
 //! Invariants checked after each step:
 //! - the table holds exactly the model's rows, in emit (`seq`) order;
 //! - no row is both published and pending or dead; published rows stay published with the same
-//!   `published_at`; state, attempts, lease token and `last_error` match the model;
-//! - attempts never decrease, except a requeue resetting a dead row to 0 (pending, available,
-//!   no token, `last_error` kept);
-//! - a fenced acknowledgement (a token the row no longer holds, or a second acknowledgement of a
-//!   published row) is refused and changes no row;
+//!   `published_at`; state, attempts, expired leases, lease token and `last_error` match the
+//!   model;
+//! - attempts and expired leases never decrease, except a requeue resetting a dead row's both to
+//!   0 (pending, available, no token, `last_error` kept);
+//! - a fenced acknowledgement (a publish, fail, release or renewal under a token the row no
+//!   longer holds, under the token a lease left in the row it killed, or of a published row) is
+//!   refused and changes no row;
+//! - a renewal under the row's token (its lease live, or expired while nobody re-leased the row)
+//!   is accepted, makes the lease live again and changes nothing but `available_at`, which it
+//!   never moves back;
 //! - a lease returns exactly the rows the model considers leasable (pending or lease expired, and
-//!   for an ordered row no earlier ordered row of its aggregate unpublished, dead ones included),
-//!   the oldest `limit` of them by `(available_at, seq)`, counting an expired lease as an attempt
-//!   and killing the row at `max_attempts`;
-//! - per ordered aggregate, the published rows are a prefix in emit order, published in that
-//!   order, and only the first unpublished row can hold a live lease.
+//!   for an ordered row no earlier ordered row of its aggregate unpublished: dead ones included,
+//!   unless the case skips past them as `DeadOrderedEvents::SkipPast` does), the oldest `limit`
+//!   of them by `(available_at, seq)`;
+//! - expired leases are counted apart from failed deliveries: a lease of a row whose lease
+//!   expired counts it in `expired_leases`, never in `attempts`, and kills the row at
+//!   `max_expired_leases` with a `last_error` saying so; only a failure counts an attempt, and it
+//!   kills the row at `max_attempts`;
+//! - per ordered aggregate, leaving out the rows a lease skipped past while they were dead, the
+//!   published rows are a prefix in emit order, published in that order, and only the first
+//!   unpublished row can hold a live lease.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::__private::steps;
+use outbox_runtime::__private::test_hooks::steps;
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::OutboxEvent;
 use proptest::prelude::*;
@@ -32,15 +43,32 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// `max_attempts` of the scripted cases; random cases draw 1 to 3.
-const MAX_ATTEMPTS: i32 = 3;
+/// The relay settings a case runs under.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    max_attempts: i32,
+    max_expired_leases: i32,
+    /// `DeadOrderedEvents::SkipPast`: a dead ordered row no longer holds back the later ones of
+    /// its aggregate.
+    skip_dead_ordered: bool,
+}
+
+/// The settings of the scripted cases; random cases draw both limits from 1 to 3, and whether
+/// to skip dead ordered rows.
+const SCRIPTED: Settings =
+    Settings { max_attempts: 3, max_expired_leases: 3, skip_dead_ordered: false };
 /// Long enough that only the explicit `Expire` step ends a lease.
 const LEASE_TIMEOUT: Duration = Duration::from_secs(60);
-/// What a lease writes when it counts an expired lease as an attempt.
-const EXPIRED_ERROR: &str = "lease expired before the relay acknowledged the event";
+/// The `(aggregate_type, event_type)` pairs a lease asks for: every type this test emits.
+const TYPES: &[(&str, &str)] =
+    &[(Posted::AGGREGATE_TYPE, Posted::EVENT_TYPE), (Noted::AGGREGATE_TYPE, Noted::EVENT_TYPE)];
 /// Cases per run; `MODEL_CASES` overrides.
 const DEFAULT_CASES: u32 = 32;
 
+/// What a lease writes when it kills a row whose lease expired for the `expiries`th time.
+fn expired_error(expiries: i32) -> String {
+    format!("its lease expired {expiries} times before a relay acknowledged it")
+}
 // ---------------------------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------------------------
@@ -80,17 +108,33 @@ enum Op {
     Fail { which: usize },
     /// Hands a live lease back.
     Release { which: usize },
+    /// Renews a lease with its token: a live one, or one that expired while nobody re-leased
+    /// the row.
+    Renew { which: usize },
     /// Lets a live lease run out (the token stays in the row, as in a real expiry).
     Expire { which: usize },
-    /// Publishes (or fails) with a token the row no longer holds, or acknowledges a published
-    /// row again.
-    StaleAck { which: usize, publish: bool },
+    /// Acknowledges under a token the row no longer holds, or acknowledges a published row
+    /// again.
+    StaleAck { which: usize, ack: Ack },
     /// Requeues every dead row.
     Requeue,
     /// Acknowledges a row that died on a lease (the lease reported `died`) with the token that
     /// lease left in it. Must be refused like a stale token (see
     /// `dead_row_keeps_a_token_that_acknowledges_it`).
-    AckDied { which: usize, publish: bool },
+    AckDied { which: usize, ack: Ack },
+}
+
+/// What a fenced step attempts under a token that must be refused.
+#[derive(Debug, Clone, Copy)]
+enum Ack {
+    Publish,
+    Fail,
+    Release,
+    Renew,
+}
+
+fn ack() -> impl Strategy<Value = Ack> {
+    prop_oneof![Just(Ack::Publish), Just(Ack::Fail), Just(Ack::Release), Just(Ack::Renew)]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -103,11 +147,22 @@ fn op() -> impl Strategy<Value = Op> {
         2 => which.clone().prop_map(|which| Op::Succeed { which }),
         3 => which.clone().prop_map(|which| Op::Fail { which }),
         1 => which.clone().prop_map(|which| Op::Release { which }),
+        1 => which.clone().prop_map(|which| Op::Renew { which }),
         3 => which.clone().prop_map(|which| Op::Expire { which }),
-        2 => (which.clone(), any::<bool>()).prop_map(|(which, publish)| Op::StaleAck { which, publish }),
-        1 => (which, any::<bool>()).prop_map(|(which, publish)| Op::AckDied { which, publish }),
+        2 => (which.clone(), ack()).prop_map(|(which, ack)| Op::StaleAck { which, ack }),
+        1 => (which, ack()).prop_map(|(which, ack)| Op::AckDied { which, ack }),
         1 => Just(Op::Requeue),
     ]
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (1..=3i32, 1..=3i32, any::<bool>()).prop_map(
+        |(max_attempts, max_expired_leases, skip_dead_ordered)| Settings {
+            max_attempts,
+            max_expired_leases,
+            skip_dead_ordered,
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -128,11 +183,17 @@ struct Event {
     aggregate: u32,
     ordered: bool,
     state: State,
+    /// Failed deliveries.
     attempts: i32,
+    /// Leases that expired and were counted by the next lease.
+    expired_leases: i32,
     /// The `lease_token` column: set by a lease, cleared by fail, release and requeue, kept by
     /// publish and by a lease that kills the row.
     token: Option<Uuid>,
     last_error: Option<String>,
+    /// A later ordered row of its aggregate was leased while this one lay dead (the case skips
+    /// dead ordered rows): emit order no longer holds for it.
+    skipped: bool,
 }
 
 #[derive(Default)]
@@ -142,6 +203,8 @@ struct Model {
     position: HashMap<Uuid, usize>,
     /// Every `(event, token)` a lease handed out, in order.
     issued: Vec<(Uuid, Uuid)>,
+    /// Whether dead ordered rows let the later ones of their aggregate through.
+    skip_dead_ordered: bool,
 }
 
 impl Model {
@@ -149,16 +212,28 @@ impl Model {
         &mut self.events[self.position[&id]]
     }
 
-    /// The earliest ordered row of `i`'s aggregate before it that is unpublished, if any.
-    fn blocker(&self, i: usize) -> Option<usize> {
+    /// The earlier ordered rows of `i`'s aggregate, if `i` is ordered.
+    fn earlier(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
         let e = &self.events[i];
-        if !e.ordered {
-            return None;
-        }
-        (0..i).find(|&j| {
+        (0..i).filter(move |&j| {
             let p = &self.events[j];
-            p.ordered && p.aggregate == e.aggregate && p.state != State::Published
+            e.ordered && p.ordered && p.aggregate == e.aggregate
         })
+    }
+
+    /// The earliest ordered row of `i`'s aggregate before it that holds it back, if any: one
+    /// unpublished, and not dead if the case skips dead ones.
+    fn blocker(&self, i: usize) -> Option<usize> {
+        self.earlier(i).find(|&j| match self.events[j].state {
+            State::Published => false,
+            State::Dead => !self.skip_dead_ordered,
+            State::Pending | State::Leased { .. } => true,
+        })
+    }
+
+    /// The dead ordered rows of `i`'s aggregate before it, which a lease of `i` skips past.
+    fn dead_before(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        self.earlier(i).filter(|&j| self.events[j].state == State::Dead)
     }
 
     fn leasable(&self, i: usize) -> bool {
@@ -208,6 +283,7 @@ struct Row {
     event_type: String,
     ordered: bool,
     attempts: i32,
+    expired_leases: i32,
     last_error: Option<String>,
     lease_token: Option<Uuid>,
     published_at: Option<DateTime<Utc>>,
@@ -225,8 +301,8 @@ impl Row {
 
 async fn snapshot(pool: &PgPool) -> Result<Vec<Row>, Failure> {
     Ok(sqlx::query_as(
-        "SELECT event_id, seq, aggregate_id, event_type, ordered, attempts, last_error, \
-                lease_token, published_at, dead_at, available_at, \
+        "SELECT event_id, seq, aggregate_id, event_type, ordered, attempts, expired_leases, \
+                last_error, lease_token, published_at, dead_at, available_at, \
                 available_at <= now() AS available_now \
          FROM outbox.events ORDER BY seq",
     )
@@ -259,7 +335,8 @@ struct Coverage {
     published: u32,
     failed: u32,
     released: u32,
-    /// Leases that counted an expired lease as an attempt.
+    renewed: u32,
+    /// Leases that counted an expired lease (in `expired_leases`).
     expiry_counted: u32,
     died_on_lease: u32,
     died_on_fail: u32,
@@ -270,6 +347,8 @@ struct Coverage {
     ordered_blocked: u32,
     /// ... behind a dead one.
     ordered_blocked_by_dead: u32,
+    /// Ordered rows leased past a dead earlier row of their aggregate.
+    skipped_dead: u32,
 }
 
 impl Coverage {
@@ -278,6 +357,7 @@ impl Coverage {
         self.published += other.published;
         self.failed += other.failed;
         self.released += other.released;
+        self.renewed += other.renewed;
         self.expiry_counted += other.expiry_counted;
         self.died_on_lease += other.died_on_lease;
         self.died_on_fail += other.died_on_fail;
@@ -285,6 +365,7 @@ impl Coverage {
         self.requeued += other.requeued;
         self.ordered_blocked += other.ordered_blocked;
         self.ordered_blocked_by_dead += other.ordered_blocked_by_dead;
+        self.skipped_dead += other.skipped_dead;
     }
 }
 
@@ -295,11 +376,34 @@ struct Expect {
     unchanged: bool,
     /// Rows a requeue made pending again.
     requeued: Vec<Uuid>,
+    /// A row whose lease was renewed: only its `available_at` may change.
+    renewed: Option<Uuid>,
+}
+
+/// Sends `ack` for `id` under `token`; whether the database accepted it.
+async fn acknowledge(
+    pool: &PgPool,
+    ack: Ack,
+    id: Uuid,
+    token: Uuid,
+    settings: Settings,
+) -> Result<bool, Failure> {
+    Ok(match ack {
+        Ack::Publish => steps::publish(pool, id, token).await?,
+        Ack::Fail => {
+            let error = "stale failure";
+            steps::fail(pool, id, token, error, Duration::ZERO, settings.max_attempts)
+                .await?
+                .is_some()
+        }
+        Ack::Release => steps::release(pool, id, token).await?,
+        Ack::Renew => steps::renew(pool, id, token, LEASE_TIMEOUT).await?,
+    })
 }
 
 struct Harness {
     pool: PgPool,
-    max_attempts: i32,
+    settings: Settings,
     model: Model,
     rows: Vec<Row>,
     coverage: Coverage,
@@ -321,7 +425,7 @@ impl Harness {
         let pool = &self.pool;
         let model = &mut self.model;
         let coverage = &mut self.coverage;
-        let max_attempts = self.max_attempts;
+        let settings = self.settings;
         match *op {
             Op::Emit { aggregate, ordered, count } => {
                 let mut tx = pool.begin().await?;
@@ -344,8 +448,10 @@ impl Harness {
                         ordered,
                         state: State::Pending,
                         attempts: 0,
+                        expired_leases: 0,
                         token: None,
                         last_error: None,
+                        skipped: false,
                     });
                 }
             }
@@ -370,11 +476,19 @@ impl Harness {
                 coverage.ordered_blocked_by_dead +=
                     u32::from(blockers.iter().any(|&j| model.events[j].state == State::Dead));
 
-                let leased = steps::lease(pool, limit, LEASE_TIMEOUT, max_attempts).await?;
+                let leased = steps::lease(
+                    pool,
+                    TYPES,
+                    limit,
+                    LEASE_TIMEOUT,
+                    settings.max_expired_leases,
+                    settings.skip_dead_ordered,
+                )
+                .await?;
 
                 // Each row on its own first: the database's own view before the lease, then the
                 // model's.
-                for &(id, _, _, _) in &leased {
+                for &(id, ..) in &leased {
                     let Some(row) = before.get(&id) else {
                         return Err(Failure(format!("leased {id}, which did not exist")));
                     };
@@ -387,13 +501,15 @@ impl Harness {
                                 && p.aggregate_id == row.aggregate_id
                                 && p.seq < row.seq
                                 && p.published_at.is_none()
+                                && !(settings.skip_dead_ordered && p.dead_at.is_some())
                         });
                         check!(
                             earlier.is_none(),
                             "leased ordered row {id} (seq {}) while earlier row {:?} of its \
-                             aggregate was unpublished",
+                             aggregate was unpublished{}",
                             row.seq,
-                            earlier
+                            earlier,
+                            if settings.skip_dead_ordered { " and alive" } else { "" }
                         );
                     }
                     let i = model.position[&id];
@@ -411,22 +527,39 @@ impl Harness {
                 let tokens: Vec<Uuid> = leased.iter().map(|l| l.1).collect();
                 check!(tokens.windows(2).all(|w| w[0] == w[1]), "one lease, several tokens");
 
-                for (id, token, attempts, died) in leased {
+                // The dead rows these leases went past (the case skips them): emit order no
+                // longer holds for them.
+                let mut skipped = Vec::new();
+                for &(id, ..) in &leased {
+                    let before = skipped.len();
+                    skipped.extend(model.dead_before(model.position[&id]));
+                    coverage.skipped_dead += u32::from(skipped.len() > before);
+                }
+                for j in skipped {
+                    model.events[j].skipped = true;
+                }
+
+                for (id, token, attempts, expired_leases, died) in leased {
                     let e = model.event(id);
-                    if e.token.is_some() {
-                        // The previous lease expired: that counts as an attempt.
-                        e.attempts += 1;
-                        e.last_error = Some(EXPIRED_ERROR.to_owned());
+                    // The previous lease expired: counted apart from failed deliveries.
+                    let expired = e.token.is_some();
+                    e.expired_leases += i32::from(expired);
+                    let dies = expired && e.expired_leases >= settings.max_expired_leases;
+                    if dies {
+                        e.last_error = Some(expired_error(e.expired_leases));
                     }
-                    let dies = e.token.is_some() && e.attempts >= max_attempts;
                     check!(
-                        attempts == e.attempts && died == dies,
-                        "lease of {id} reported attempts {attempts}, died {died}; model: \
-                         attempts {}, died {dies}",
-                        e.attempts
+                        attempts == e.attempts
+                            && expired_leases == e.expired_leases
+                            && died == dies,
+                        "lease of {id} reported attempts {attempts}, expired leases \
+                         {expired_leases}, died {died}; model: attempts {}, expired leases {}, \
+                         died {dies}",
+                        e.attempts,
+                        e.expired_leases
                     );
                     coverage.leased += 1;
-                    coverage.expiry_counted += u32::from(e.token.is_some());
+                    coverage.expiry_counted += u32::from(expired);
                     coverage.died_on_lease += u32::from(dies);
                     e.token = Some(token);
                     e.state = if dies { State::Dead } else { State::Leased { expired: false } };
@@ -452,11 +585,17 @@ impl Harness {
                     let e = &mut model.events[i];
                     let token = e.token.expect("a lease has a token");
                     let error = format!("handler failed at step {step}");
-                    let recorded =
-                        steps::fail(pool, e.id, token, &error, Duration::ZERO, max_attempts)
-                            .await?;
+                    let recorded = steps::fail(
+                        pool,
+                        e.id,
+                        token,
+                        &error,
+                        Duration::ZERO,
+                        settings.max_attempts,
+                    )
+                    .await?;
                     e.attempts += 1;
-                    let dies = e.attempts >= max_attempts;
+                    let dies = e.attempts >= settings.max_attempts;
                     check!(
                         recorded == Some(dies),
                         "fail of {} under its live token returned {recorded:?}, model expected \
@@ -484,6 +623,19 @@ impl Harness {
                 }
             }
 
+            Op::Renew { which } => {
+                let leases = model.leases();
+                if let Some(&i) = leases.get(which % leases.len().max(1)) {
+                    let e = &mut model.events[i];
+                    let token = e.token.expect("a lease has a token");
+                    let renewed = steps::renew(pool, e.id, token, LEASE_TIMEOUT).await?;
+                    check!(renewed, "renewal of {} under its token refused: {:?}", e.id, e.state);
+                    e.state = State::Leased { expired: false };
+                    coverage.renewed += 1;
+                    return Ok(Expect { renewed: Some(e.id), ..Expect::default() });
+                }
+            }
+
             Op::Expire { which } => {
                 let leases = model.leases();
                 if let Some(&i) = leases.get(which % leases.len().max(1)) {
@@ -500,30 +652,14 @@ impl Harness {
                 }
             }
 
-            Op::StaleAck { which, publish } | Op::AckDied { which, publish } => {
+            Op::StaleAck { which, ack } | Op::AckDied { which, ack } => {
                 let stale = match *op {
                     Op::StaleAck { .. } => model.stale(),
                     _ => model.died_on_lease(),
                 };
                 if let Some(&(id, token)) = stale.get(which % stale.len().max(1)) {
-                    if publish {
-                        let published = steps::publish(pool, id, token).await?;
-                        check!(!published, "fenced publish of {id} under {token} won");
-                    } else {
-                        let recorded = steps::fail(
-                            pool,
-                            id,
-                            token,
-                            "stale failure",
-                            Duration::ZERO,
-                            max_attempts,
-                        )
-                        .await?;
-                        check!(
-                            recorded.is_none(),
-                            "fenced fail of {id} under {token} won: {recorded:?}"
-                        );
-                    }
+                    let accepted = acknowledge(pool, ack, id, token, settings).await?;
+                    check!(!accepted, "fenced {ack:?} of {id} under {token} accepted");
                     coverage.fenced += 1;
                     return Ok(Expect { unchanged: true, ..Expect::default() });
                 }
@@ -535,6 +671,7 @@ impl Harness {
                 for e in model.events.iter_mut().filter(|e| e.state == State::Dead) {
                     e.state = State::Pending;
                     e.attempts = 0;
+                    e.expired_leases = 0;
                     e.token = None;
                     ids.push(e.id);
                 }
@@ -585,6 +722,12 @@ impl Harness {
                 e.attempts
             );
             check!(
+                row.expired_leases == e.expired_leases,
+                "row {id} has expired leases {}, model {}",
+                row.expired_leases,
+                e.expired_leases
+            );
+            check!(
                 row.lease_token == e.token,
                 "row {id} has token {:?}, model {:?}",
                 row.lease_token,
@@ -611,11 +754,12 @@ impl Harness {
                 check!(old.dead_at.is_some(), "requeue touched live row {id}");
                 check!(
                     row.attempts == 0
+                        && row.expired_leases == 0
                         && !dead
                         && !published
                         && row.lease_token.is_none()
                         && row.available_now,
-                    "requeued row {id} is not pending with attempts 0: {row:?}"
+                    "requeued row {id} is not pending with attempts and expired leases 0: {row:?}"
                 );
                 check!(
                     row.last_error == old.last_error,
@@ -628,6 +772,12 @@ impl Harness {
                     "attempts of {id} went down from {} to {}",
                     old.attempts,
                     row.attempts
+                );
+                check!(
+                    row.expired_leases >= old.expired_leases,
+                    "expired leases of {id} went down from {} to {}",
+                    old.expired_leases,
+                    row.expired_leases
                 );
                 if old.dead_at.is_some() {
                     check!(row.dead_at == old.dead_at, "dead row {id} changed: {row:?}");
@@ -645,12 +795,30 @@ impl Harness {
                     "a fenced acknowledgement changed row {id} from {old:?} to {row:?}"
                 );
             }
+            if let Some(renewed) = expect.renewed {
+                let expected = if id == renewed {
+                    Row { available_at: row.available_at, ..old.stored() }
+                } else {
+                    old.stored()
+                };
+                check!(
+                    row.stored() == expected,
+                    "a renewal of {renewed} changed row {id} from {old:?} to {row:?}"
+                );
+                check!(
+                    row.available_at >= old.available_at,
+                    "a renewal moved the deadline of {id} back from {} to {}",
+                    old.available_at,
+                    row.available_at
+                );
+            }
         }
 
-        // Per ordered aggregate, in seq order: published rows form a prefix, published in
-        // order, and only the first unpublished row may hold a live lease.
+        // Per ordered aggregate, in seq order, leaving out the rows a lease skipped past: the
+        // published rows form a prefix, published in order, and only the first unpublished row
+        // may hold a live lease.
         let mut aggregates: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
-        for row in after.iter().filter(|r| r.ordered) {
+        for (row, _) in after.iter().zip(&model.events).filter(|(r, e)| r.ordered && !e.skipped) {
             aggregates.entry(row.aggregate_id.as_str()).or_default().push(row);
         }
         for (aggregate, rows) in aggregates {
@@ -701,7 +869,7 @@ impl Server {
     }
 
     /// Runs `ops` against a fresh, migrated database, dropped afterwards whatever the outcome.
-    async fn run(&self, max_attempts: i32, ops: &[Op]) -> Result<Coverage, Failure> {
+    async fn run(&self, settings: Settings, ops: &[Op]) -> Result<Coverage, Failure> {
         let name = format!("model_{}", Uuid::new_v4().simple());
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&self.admin).await?;
         let outcome = async {
@@ -712,8 +880,8 @@ impl Server {
             outbox_runtime::migrate(&pool).await?;
             let mut harness = Harness {
                 pool: pool.clone(),
-                max_attempts,
-                model: Model::default(),
+                settings,
+                model: Model { skip_dead_ordered: settings.skip_dead_ordered, ..Model::default() },
                 rows: vec![],
                 coverage: Coverage::default(),
             };
@@ -732,13 +900,13 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs one fixed sequence, panicking with the failure; returns what it exercised.
-fn replay(ops: &[Op]) -> Coverage {
+fn replay(settings: Settings, ops: &[Op]) -> Coverage {
     let rt = runtime();
     rt.block_on(async {
         let server = Server::connect().await;
-        match server.run(MAX_ATTEMPTS, ops).await {
+        match server.run(settings, ops).await {
             Ok(coverage) => coverage,
-            Err(Failure(why)) => panic!("{why}\nsequence: {ops:#?}"),
+            Err(Failure(why)) => panic!("{why}\nsettings: {settings:?}\nsequence: {ops:#?}"),
         }
     })
 }
@@ -758,10 +926,10 @@ fn random_sequences_keep_the_invariants() {
     let server = rt.block_on(Server::connect());
     let mut runner = TestRunner::new(config);
     let total = std::cell::Cell::new(Coverage::default());
-    let cases_strategy = (1..=3i32, prop::collection::vec(op(), 4..=40));
-    let result = runner.run(&cases_strategy, |(max_attempts, ops)| {
+    let cases_strategy = (settings(), prop::collection::vec(op(), 4..=40));
+    let result = runner.run(&cases_strategy, |(settings, ops)| {
         let coverage = rt
-            .block_on(server.run(max_attempts, &ops))
+            .block_on(server.run(settings, &ops))
             .map_err(|Failure(why)| TestCaseError::fail(why))?;
         let mut sum = total.get();
         sum.add(coverage);
@@ -770,43 +938,54 @@ fn random_sequences_keep_the_invariants() {
     });
     match result {
         Ok(()) => eprintln!("{cases} cases exercised {:?}", total.get()),
-        Err(TestError::Fail(why, (max_attempts, ops))) => panic!(
-            "invariant broken: {why}\nminimal failing case: max_attempts {max_attempts}, \
-             ops {ops:#?}"
-        ),
+        Err(TestError::Fail(why, (settings, ops))) => {
+            panic!("invariant broken: {why}\nminimal failing case: {settings:?}, ops {ops:#?}")
+        }
         Err(TestError::Abort(why)) => panic!("proptest aborted: {why}"),
     }
 }
 
 /// The scenarios the invariants are about, spelled out so each runs on every test run.
 #[test]
-fn expired_leases_are_fenced_counted_and_kill_at_max_attempts() {
+fn expired_leases_are_fenced_counted_apart_and_kill_at_their_limit() {
     use Op::*;
-    let coverage = replay(&[
-        Emit { aggregate: 0, ordered: false, count: 1 },
-        Lease { limit: 1 }, // token 0, attempts 0
-        Expire { which: 0 },
-        Lease { limit: 1 }, // token 1, the expiry counted: attempts 1
-        StaleAck { which: 0, publish: true }, // token 0
-        StaleAck { which: 0, publish: false },
-        Expire { which: 0 },
-        Lease { limit: 1 }, // token 2, attempts 2
-        Expire { which: 0 },
-        Lease { limit: 1 },                   // token 3, attempts 3: dies
-        StaleAck { which: 2, publish: true }, // token 2
-        Requeue,
-        Lease { limit: 1 },                   // token 4
-        StaleAck { which: 3, publish: true }, // token 3, the dead lease's
-        Succeed { which: 0 },
-        StaleAck { which: 4, publish: false }, // token 4 again, after the publish
-        StaleAck { which: 4, publish: true },
-    ]);
+    let coverage = replay(
+        SCRIPTED,
+        &[
+            Emit { aggregate: 0, ordered: false, count: 1 },
+            Lease { limit: 1 }, // token 0
+            Expire { which: 0 },
+            Lease { limit: 1 }, // token 1, the expiry counted: expired leases 1, attempts 0
+            StaleAck { which: 0, ack: Ack::Publish }, // token 0
+            StaleAck { which: 0, ack: Ack::Fail },
+            Fail { which: 0 },  // attempts 1, expired leases still 1
+            Lease { limit: 1 }, // token 2, nothing expired: no count
+            Expire { which: 0 },
+            Renew { which: 0 }, // token 2 again holds a live lease
+            Lease { limit: 1 }, // nothing to lease
+            StaleAck { which: 1, ack: Ack::Renew }, // token 1
+            Expire { which: 0 },
+            Lease { limit: 1 }, // token 3, expired leases 2
+            Expire { which: 0 },
+            Lease { limit: 1 }, // token 4, expired leases 3: dies, attempts still 1
+            StaleAck { which: 3, ack: Ack::Release }, // token 3
+            AckDied { which: 0, ack: Ack::Renew }, // token 4, the dead lease's
+            Requeue,            // attempts and expired leases 0
+            Lease { limit: 1 }, // token 5, nothing expired
+            StaleAck { which: 4, ack: Ack::Publish }, // token 4
+            Succeed { which: 0 },
+            StaleAck { which: 5, ack: Ack::Fail }, // token 5 again, after the publish
+            StaleAck { which: 5, ack: Ack::Publish },
+        ],
+    );
     let expected = Coverage {
-        leased: 5,
+        leased: 6,
         published: 1,
+        failed: 1,
+        renewed: 1,
         expiry_counted: 3,
         died_on_lease: 1,
-        fenced: 6,
+        fenced: 8,
         requeued: 1,
         ..Coverage::default()
     };
@@ -816,29 +995,32 @@ fn expired_leases_are_fenced_counted_and_kill_at_max_attempts() {
 #[test]
 fn ordered_aggregate_waits_for_failing_and_dead_rows() {
     use Op::*;
-    let coverage = replay(&[
-        Emit { aggregate: 1, ordered: true, count: 3 }, // a b c
-        Emit { aggregate: 1, ordered: false, count: 1 }, // d
-        Emit { aggregate: 2, ordered: true, count: 1 }, // e
-        Lease { limit: 4 },                             // a d e
-        Fail { which: 0 },                              // a: 1
-        Lease { limit: 4 },                             // a
-        Fail { which: 0 },                              // a: 2
-        Lease { limit: 4 },                             // a
-        Fail { which: 0 },                              // a: 3, dead
-        Lease { limit: 4 },                             // nothing: b and c wait behind dead a
-        Requeue,
-        Lease { limit: 4 },   // a
-        Release { which: 0 }, // a
-        Lease { limit: 4 },   // a
-        Succeed { which: 0 }, // a
-        Lease { limit: 4 },   // b
-        Succeed { which: 0 }, // b
-        Lease { limit: 4 },   // c
-        Succeed { which: 0 }, // c
-        Succeed { which: 0 }, // d
-        Succeed { which: 0 }, // e
-    ]);
+    let coverage = replay(
+        SCRIPTED,
+        &[
+            Emit { aggregate: 1, ordered: true, count: 3 }, // a b c
+            Emit { aggregate: 1, ordered: false, count: 1 }, // d
+            Emit { aggregate: 2, ordered: true, count: 1 }, // e
+            Lease { limit: 4 },                             // a d e
+            Fail { which: 0 },                              // a: 1
+            Lease { limit: 4 },                             // a
+            Fail { which: 0 },                              // a: 2
+            Lease { limit: 4 },                             // a
+            Fail { which: 0 },                              // a: 3, dead
+            Lease { limit: 4 },                             // nothing: b and c wait behind dead a
+            Requeue,
+            Lease { limit: 4 },   // a
+            Release { which: 0 }, // a
+            Lease { limit: 4 },   // a
+            Succeed { which: 0 }, // a
+            Lease { limit: 4 },   // b
+            Succeed { which: 0 }, // b
+            Lease { limit: 4 },   // c
+            Succeed { which: 0 }, // c
+            Succeed { which: 0 }, // d
+            Succeed { which: 0 }, // e
+        ],
+    );
     let expected = Coverage {
         leased: 9,
         published: 5,
@@ -853,25 +1035,67 @@ fn ordered_aggregate_waits_for_failing_and_dead_rows() {
     assert_eq!(coverage, expected);
 }
 
-/// Found by this model: a lease that kills a row (its previous lease expired on the last
-/// attempt) writes its fresh token into the dead row; `publish` and `fail` once accepted it,
+/// `DeadOrderedEvents::SkipPast`: a dead row lets the later ones of its aggregate through, and
+/// once requeued it holds back those not yet leased, though it now comes after the ones that
+/// went ahead.
+#[test]
+fn ordered_aggregate_skips_past_dead_rows_when_told() {
+    use Op::*;
+    let coverage = replay(
+        Settings { skip_dead_ordered: true, ..SCRIPTED },
+        &[
+            Emit { aggregate: 1, ordered: true, count: 3 }, // a b c
+            Lease { limit: 4 },                             // a
+            Fail { which: 0 },                              // a: 1
+            Lease { limit: 4 },                             // a
+            Fail { which: 0 },                              // a: 2
+            Lease { limit: 4 },                             // a
+            Fail { which: 0 },                              // a: 3, dead
+            Lease { limit: 4 },                             // b, past dead a; c waits behind b
+            Requeue,                                        // a
+            Lease { limit: 4 },                             // a, while b holds its lease
+            Succeed { which: 1 },                           // b
+            Lease { limit: 4 },                             // nothing: c waits behind a again
+            Succeed { which: 0 },                           // a, after b
+            Lease { limit: 4 },                             // c
+            Succeed { which: 0 },                           // c
+        ],
+    );
+    let expected = Coverage {
+        leased: 6,
+        published: 3,
+        failed: 3,
+        died_on_fail: 1,
+        requeued: 1,
+        ordered_blocked: 6,
+        skipped_dead: 1,
+        ..Coverage::default()
+    };
+    assert_eq!(coverage, expected);
+}
+
+/// Found by this model: a lease that kills a row (its previous lease expired for the last time
+/// allowed) writes its fresh token into the dead row; `publish` and `fail` once accepted it,
 /// making the row published and dead at once, or failing it past `max_attempts`. They now
 /// refuse dead rows, like `release` and `renew`.
 #[test]
 fn dead_row_keeps_a_token_that_acknowledges_it() {
     use Op::*;
-    for publish in [true, false] {
-        replay(&[
-            Emit { aggregate: 0, ordered: false, count: 1 },
-            Lease { limit: 1 },
-            Expire { which: 0 },
-            Lease { limit: 1 },
-            Expire { which: 0 },
-            Lease { limit: 1 },
-            Expire { which: 0 },
-            // Third attempt counted: the row dies on this lease, which returns `died`.
-            Lease { limit: 1 },
-            AckDied { which: 0, publish },
-        ]);
+    for ack in [Ack::Publish, Ack::Fail, Ack::Release, Ack::Renew] {
+        replay(
+            SCRIPTED,
+            &[
+                Emit { aggregate: 0, ordered: false, count: 1 },
+                Lease { limit: 1 },
+                Expire { which: 0 },
+                Lease { limit: 1 },
+                Expire { which: 0 },
+                Lease { limit: 1 },
+                Expire { which: 0 },
+                // Third expiry counted: the row dies on this lease, which returns `died`.
+                Lease { limit: 1 },
+                AckDied { which: 0, ack },
+            ],
+        );
     }
 }

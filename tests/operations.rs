@@ -227,7 +227,7 @@ const LEASE: &str =
 async fn prepare_lease(conn: &mut sqlx::PgConnection) {
     sqlx::query(&format!(
         "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
-        outbox_runtime::__private::LEASE_SQL
+        outbox_runtime::__private::test_hooks::LEASE
     ))
     .execute(conn)
     .await
@@ -261,7 +261,7 @@ fn has_seq_scan(node: &serde_json::Value) -> bool {
 async fn the_relays_reused_lease_plan_stays_index_driven_as_the_outbox_grows(pool: PgPool) {
     migrated(&pool).await;
     let mut conn = pool.acquire().await.unwrap();
-    sqlx::raw_sql(outbox_runtime::__private::LEASE_SESSION).execute(&mut *conn).await.unwrap();
+    sqlx::raw_sql(outbox_runtime::__private::test_hooks::RELAY_SESSION).execute(&mut *conn).await.unwrap();
     prepare_lease(&mut conn).await;
     // The plan is made on the empty outbox a relay may start on, and kept.
     sqlx::query(LEASE).execute(&mut *conn).await.unwrap();

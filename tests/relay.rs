@@ -236,7 +236,7 @@ async fn stale_acknowledgement(pool: PgPool, a_fails: bool) {
     b_stall.started.notified().await;
     let b_token = lease_token(&pool, id).await.unwrap();
     assert_ne!(a_token, b_token, "B leased under a new fencing token");
-    assert_eq!(*b_stall.log.0.lock().unwrap(), [(id, 2)], "the expiry counts as an attempt");
+    assert_eq!(*b_stall.log.0.lock().unwrap(), [(id, 2)], "the second delivery attempt");
 
     // A's stale outcome is refused: it neither publishes, nor counts an attempt, nor takes
     // B's lease away.
@@ -244,11 +244,12 @@ async fn stale_acknowledgement(pool: PgPool, a_fails: bool) {
     let a = a.stop().await;
     assert_eq!((a.delivered, a.failed, a.lost_leases), (0, 0, 1));
     let row = row_state(&pool, id).await;
-    assert_eq!((row.published, row.attempts, row.leased), (false, 1, true));
     assert_eq!(
-        row.last_error.as_deref(),
-        Some("lease expired before the relay acknowledged the event")
+        (row.published, row.attempts, row.expired_leases, row.leased),
+        (false, 0, 1, true),
+        "the expiry is counted apart from failed deliveries"
     );
+    assert_eq!(row.last_error, None, "an expiry is not a failure");
     assert_eq!(lease_token(&pool, id).await, Some(b_token));
 
     // B's outcome stands.
@@ -256,7 +257,8 @@ async fn stale_acknowledgement(pool: PgPool, a_fails: bool) {
     eventually("relay B publishes the event", || async { row_state(&pool, id).await.published })
         .await;
     assert_eq!(b.stop().await.delivered, 1);
-    assert_eq!(row_state(&pool, id).await.attempts, 1);
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.attempts, row.expired_leases), (0, 1));
 }
 
 #[sqlx::test(migrations = false)]
@@ -366,13 +368,13 @@ async fn a_lost_lease_cancels_the_delivery(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_lease_expiring_on_the_last_attempt_makes_a_dead_letter(pool: PgPool) {
+async fn a_lease_expiring_for_the_last_time_makes_a_dead_letter(pool: PgPool) {
     migrated(&pool).await;
-    // A relay died holding this row on its third and last attempt; the lease has expired.
+    // A relay died holding this row after two earlier expiries; the lease has expired.
     let id: Uuid = sqlx::query_scalar(
         "INSERT INTO outbox.events \
-             (event_id, aggregate_type, aggregate_id, event_type, payload, attempts, lease_token, \
-              available_at) \
+             (event_id, aggregate_type, aggregate_id, event_type, payload, expired_leases, \
+              lease_token, available_at) \
          VALUES (gen_random_uuid(), 'order', '1', 'order.placed', \
                  jsonb_build_object('order_id', gen_random_uuid(), 'total_cents', 1), 2, \
                  gen_random_uuid(), now() - interval '1 second') \
@@ -384,17 +386,21 @@ async fn a_lease_expiring_on_the_last_attempt_makes_a_dead_letter(pool: PgPool) 
 
     let log = Log::default();
     let relay = Running::start(
-        fast(Relay::builder(pool.clone())).state(log.clone()).handler(log_placed).max_attempts(3),
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(log_placed)
+            .max_attempts(1)
+            .max_expired_leases(3),
     );
     eventually("the row is dead", || async { row_state(&pool, id).await.dead }).await;
     let counts = relay.stop().await;
     assert_eq!(log.len(), 0, "a row that died on expiry is not delivered");
     assert_eq!(counts.dead, 1);
     let row = row_state(&pool, id).await;
-    assert_eq!(row.attempts, 3);
+    assert_eq!((row.attempts, row.expired_leases), (0, 3));
     assert_eq!(
         row.last_error.as_deref(),
-        Some("lease expired before the relay acknowledged the event")
+        Some("its lease expired 3 times before a relay acknowledged it")
     );
 }
 

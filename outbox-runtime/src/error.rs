@@ -55,6 +55,18 @@ pub enum InvalidEvent {
     /// PostgreSQL `text` and `jsonb` cannot store.
     #[error("{0} holds a NUL character, which PostgreSQL cannot store")]
     NulCharacter(&'static str),
+    /// The payload or a header nests arrays and objects deeper than the relay can decode
+    /// (`serde_json`'s deserializer refuses more than 127 levels, the outermost object counting
+    /// as one), whatever the handler's type would have skipped.
+    #[error("{what} nests {depth} levels of arrays and objects, more than the {limit} the relay can decode")]
+    TooDeep {
+        /// What is nested too deep: `"the payload"` or `"a header"`.
+        what: &'static str,
+        /// How deep it nests.
+        depth: usize,
+        /// The deepest nesting the relay decodes.
+        limit: usize,
+    },
     /// An idempotency key was given for a batch of several events; a key names one event.
     #[error("an idempotency key names one event, but the batch holds several")]
     KeyedBatch,

@@ -1,20 +1,44 @@
-//! Payload serialization that refuses what JSON or PostgreSQL would silently mangle or reject.
+//! Payload serialization that refuses what JSON or PostgreSQL would silently mangle or reject, or
+//! what the relay could not decode again.
+
+use std::io;
 
 use serde::ser::{self, Serialize};
 
 use crate::error::InvalidEvent;
 
+/// The deepest nesting of arrays and objects the relay can decode: `serde_json`'s deserializer
+/// refuses the 128th level ("recursion limit exceeded"), while its serializer and `jsonb` take any
+/// depth. Found by `tests/payloads.rs`, which fails if `serde_json` changes it.
+pub(crate) const MAX_DEPTH: usize = 127;
+
 /// Serializes `value` to JSON text for a `jsonb` column.
 ///
 /// On top of `serde_json`'s own errors (non-string map keys, failing `Serialize` impls) this
-/// rejects non-finite floats, which `serde_json` writes as `null` (losing the value), and NUL
-/// characters, which `jsonb` refuses (aborting the caller's transaction).
+/// rejects non-finite floats, which `serde_json` writes as `null` (losing the value), NUL
+/// characters, which `jsonb` refuses (aborting the caller's transaction), and nesting deeper than
+/// [`MAX_DEPTH`], which the relay could not decode (the event would die undelivered).
 /// `what` names the value in the error (`"the payload"`, `"a header"`).
 pub(crate) fn to_json<T: Serialize + ?Sized>(
     value: &T,
     what: &'static str,
 ) -> Result<String, InvalidEvent> {
-    let json = serde_json::to_string(value).map_err(InvalidEvent::Serialize)?;
+    // The depth is measured while serializing, by the formatter that writes each bracket: no
+    // second pass over the text or the value. The formatter only counts; the text is what
+    // `serde_json::to_string` writes.
+    let mut max_depth = 0;
+    let mut bytes = Vec::with_capacity(128);
+    let formatter = Depth { depth: 0, max: &mut max_depth };
+    value
+        .serialize(&mut serde_json::Serializer::with_formatter(&mut bytes, formatter))
+        .map_err(InvalidEvent::Serialize)?;
+    if max_depth > MAX_DEPTH {
+        return Err(InvalidEvent::TooDeep { what, depth: max_depth, limit: MAX_DEPTH });
+    }
+    // `serde_json` writes only UTF-8 (`to_string` skips this check with `unsafe`); checking is a
+    // fast scan next to serializing, and cannot fail.
+    let json = String::from_utf8(bytes)
+        .map_err(|error| InvalidEvent::Serialize(ser::Error::custom(error)))?;
     // A non-finite float always comes out as `null`: only then is the second pass needed.
     if json.contains("null") {
         value.serialize(FiniteFloats).map_err(|NonFinite(x)| InvalidEvent::NonFiniteFloat(x))?;
@@ -23,6 +47,74 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
         return Err(InvalidEvent::NulCharacter(what));
     }
     Ok(json)
+}
+
+/// `serde_json`'s compact formatter, recording how deep arrays and objects nest.
+struct Depth<'a> {
+    depth: usize,
+    max: &'a mut usize,
+}
+
+impl Depth<'_> {
+    fn open(&mut self) {
+        self.depth += 1;
+        *self.max = (*self.max).max(self.depth);
+    }
+}
+
+impl serde_json::ser::Formatter for Depth<'_> {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.open();
+        writer.write_all(b"[")
+    }
+    fn end_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        writer.write_all(b"]")
+    }
+    fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.open();
+        writer.write_all(b"{")
+    }
+    fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        writer.write_all(b"}")
+    }
+    // A `RawValue` (`serde_json`'s `raw_value` feature) is written as text, not bracket by
+    // bracket: scan it.
+    fn write_raw_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        *self.max = (*self.max).max(self.depth + text_depth(fragment));
+        writer.write_all(fragment.as_bytes())
+    }
+}
+
+/// How deep arrays and objects nest in JSON text, skipping brackets inside strings.
+fn text_depth(json: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0_usize, 0, false, false);
+    for &byte in json.as_bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Whether JSON text holds the escape `\u0000` (and not an escaped backslash followed by `u0000`).
@@ -243,5 +335,51 @@ mod tests {
         assert!(matches!(to_json("a\0b", "x"), Err(InvalidEvent::NulCharacter(_))));
         assert_eq!(to_json(r"\u0000", "x").unwrap(), r#""\\u0000""#);
         assert!(has_escaped_nul(r#""\\\u0000""#));
+    }
+
+    /// `depth` arrays, one inside the other.
+    fn nested(depth: usize) -> serde_json::Value {
+        (0..depth).fold(serde_json::json!(1), |inner, _| serde_json::json!([inner]))
+    }
+
+    #[test]
+    fn rejects_nesting_the_decoder_refuses() {
+        assert!(to_json(&nested(MAX_DEPTH), "x").is_ok());
+        let error = to_json(&nested(MAX_DEPTH + 1), "x").unwrap_err();
+        assert!(
+            matches!(error, InvalidEvent::TooDeep { what: "x", depth: 128, limit: 127 }),
+            "{error:?}"
+        );
+        // The same limit as the decoder's, both sides of it.
+        let at_limit = to_json(&nested(MAX_DEPTH), "x").unwrap();
+        assert!(serde_json::from_str::<serde_json::Value>(&at_limit).is_ok());
+        let deeper = format!("[{at_limit}]");
+        assert!(serde_json::from_str::<serde_json::Value>(&deeper).is_err());
+    }
+
+    #[test]
+    fn counts_objects_and_empty_containers_but_not_siblings() {
+        let deep_object = (0..MAX_DEPTH).fold(serde_json::json!({}), |inner, _| {
+            serde_json::json!({ "k": inner })
+        });
+        assert!(matches!(
+            to_json(&deep_object, "x"),
+            Err(InvalidEvent::TooDeep { depth: 128, .. })
+        ));
+        let wide: Vec<Vec<u8>> = vec![Vec::new(); 1000];
+        assert_eq!(to_json(&wide, "x").unwrap().len(), 2 + 1000 * 3 - 1);
+    }
+
+    #[test]
+    fn writes_what_serde_json_writes() {
+        let value = serde_json::json!({ "a": [1, {"b": null}, [], {}], "c": "[{\"" });
+        assert_eq!(to_json(&value, "x").unwrap(), serde_json::to_string(&value).unwrap());
+    }
+
+    #[test]
+    fn text_depth_skips_strings() {
+        assert_eq!(text_depth(r#"{"a": [1, {"b": "[[[{{"}], "c": []}"#), 3);
+        assert_eq!(text_depth(r#"["\"[", "\\", []]"#), 2);
+        assert_eq!(text_depth("42"), 0);
     }
 }

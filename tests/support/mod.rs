@@ -65,12 +65,13 @@ where
     }
 }
 
-/// A `(published, dead, attempts, last_error, lease_token)` view of one row.
+/// A `(published, dead, attempts, expired leases, last_error, leased, available)` view of one row.
 #[derive(Debug, sqlx::FromRow)]
 pub struct RowState {
     pub published: bool,
     pub dead: bool,
     pub attempts: i32,
+    pub expired_leases: i32,
     pub last_error: Option<String>,
     pub leased: bool,
     pub available_now: bool,
@@ -79,7 +80,7 @@ pub struct RowState {
 pub async fn row_state(pool: &PgPool, event_id: Uuid) -> RowState {
     sqlx::query_as(
         "SELECT published_at IS NOT NULL AS published, dead_at IS NOT NULL AS dead, attempts, \
-                last_error, lease_token IS NOT NULL AS leased, available_at <= now() AS available_now \
+                expired_leases, last_error, lease_token IS NOT NULL AS leased, available_at <= now() AS available_now \
          FROM outbox.events WHERE event_id = $1",
     )
     .bind(event_id)

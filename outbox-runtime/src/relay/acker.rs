@@ -1,4 +1,5 @@
-//! Acknowledgements: outcomes of deliveries, applied in batches with one statement per kind.
+//! Acknowledgements: outcomes of deliveries, written in batches with one statement per kind,
+//! and the renewal of every held lease, between those writes.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -7,12 +8,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::relay::config::Backoff;
-use crate::relay::held::{self, Held};
+use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures, LeasedEvent};
+use crate::store::{self, Failures};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -30,32 +32,22 @@ pub(crate) enum Outcome {
     LeaseLost,
 }
 
-/// The outcome of one leased row, fenced by the lease's token.
+/// The outcome of one held row. It is written under the row's current lease token, which
+/// [`Held`] keeps.
 #[derive(Debug)]
 pub(crate) struct Ack {
     pub(crate) event_id: Uuid,
-    pub(crate) token: Uuid,
     pub(crate) event_type: String,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) outcome: Outcome,
 }
 
-impl Ack {
-    pub(crate) fn new(row: &LeasedEvent, outcome: Outcome) -> Self {
-        Ack {
-            event_id: row.event_id,
-            token: row.lease_token,
-            event_type: row.event_type.clone(),
-            created_at: row.created_at,
-            outcome,
-        }
-    }
-}
-
 /// Most acknowledgements applied in one statement.
 const MAX_BATCH: usize = 1_000;
 /// How long the first acknowledgement of a batch waits for others to join it.
-const ACK_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+const ACK_LINGER: Duration = Duration::from_millis(5);
+/// How soon an acknowledgement of a row someone else had locked is tried again.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
 
 pub(crate) struct Acker {
     pub(crate) pool: PgPool,
@@ -73,104 +65,175 @@ impl Acker {
     /// batch is being written the next one gathers, so batches grow with the load.
     ///
     /// It also renews the leases of held rows, every third of the lease timeout: between its
-    /// own writes, because acknowledgements and renewals lock overlapping rows, and two
-    /// statements locking them in different orders from two connections would deadlock.
+    /// own writes, so a renewal never races an acknowledgement of the same row.
     pub(crate) async fn run(self, mut acks: UnboundedReceiver<Ack>) {
         let mut renewals = tokio::time::interval(self.lease_timeout / 3);
         renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         renewals.tick().await;
-        let mut batch = Vec::new();
+        // Acknowledgements of rows someone else had locked, to try again.
+        let mut busy: Vec<Ack> = Vec::new();
+        let mut retry_at = Instant::now();
         loop {
             let first = tokio::select! {
                 biased;
                 _ = renewals.tick() => {
-                    held::renew_leases(&self.pool, &self.held, self.lease_timeout).await;
+                    self.held.renew(&self.pool).await;
                     continue;
                 }
+                () = tokio::time::sleep_until(retry_at), if !busy.is_empty() => None,
                 received = acks.recv() => match received {
-                    Some(ack) => ack,
+                    Some(ack) => Some(ack),
                     None => break,
                 },
             };
-            batch.push(first);
-            // Gather what finishes in the next few milliseconds too: one statement for a
-            // hundred rows costs about what one costs for a single row.
-            let until = tokio::time::Instant::now() + ACK_LINGER;
-            while batch.len() < MAX_BATCH {
-                match tokio::time::timeout_at(until, acks.recv()).await {
-                    Ok(Some(ack)) => batch.push(ack),
-                    Ok(None) | Err(_) => break,
+            let mut batch = std::mem::take(&mut busy);
+            if let Some(first) = first {
+                batch.push(first);
+                // Gather what finishes in the next few milliseconds too: one statement for a
+                // hundred rows costs about what one costs for a single row.
+                let until = Instant::now() + ACK_LINGER;
+                while batch.len() < MAX_BATCH {
+                    match tokio::time::timeout_at(until, acks.recv()).await {
+                        Ok(Some(ack)) => batch.push(ack),
+                        Ok(None) | Err(_) => break,
+                    }
                 }
             }
-            // Settled rows are no longer renewed, and are acknowledged under the lease their
-            // delivery answers for (see `Held::settle`).
-            for ack in &mut batch {
-                ack.token = self.held.settle(ack.event_id, ack.token);
-            }
-            self.apply(&batch).await;
-            batch.clear();
+            busy = self.apply(batch).await;
+            retry_at = Instant::now() + BUSY_RETRY;
         }
+        // Shutting down: rows locked by someone else get until their leases run out.
+        let patience = Instant::now() + self.lease_timeout;
+        while !busy.is_empty() && Instant::now() < patience {
+            tokio::time::sleep(BUSY_RETRY).await;
+            busy = self.apply(busy).await;
+        }
+        self.held.settle(busy.iter().map(|ack| ack.event_id));
     }
 
-    async fn apply(&self, batch: &[Ack]) {
-        let of =
-            |wanted: fn(&Outcome) -> bool| batch.iter().filter(move |ack| wanted(&ack.outcome));
-        for ack in of(|o| matches!(o, Outcome::Published)) {
+    /// Writes a batch of outcomes; returns those of rows someone else had locked.
+    async fn apply(&self, batch: Vec<Ack>) -> Vec<Ack> {
+        let mut delivered = Vec::new();
+        let mut failed = Vec::new();
+        let mut released = Vec::new();
+        let mut settled = Vec::new();
+        for ack in batch {
+            match ack.outcome {
+                Outcome::Delivered => delivered.push(ack),
+                Outcome::Failed { .. } => failed.push(ack),
+                Outcome::Released => released.push(ack),
+                Outcome::Published => {
+                    self.metrics.delivered(&ack.event_type, ack.created_at);
+                    settled.push(ack.event_id);
+                }
+                Outcome::LeaseLost => {
+                    self.count_lost(1, "published");
+                    settled.push(ack.event_id);
+                }
+            }
+        }
+        self.held.settle(settled);
+
+        let mut busy = HashSet::new();
+        let pool = &self.pool;
+        let written = self
+            .write("publish", &delivered, |held| async move {
+                let (ids, tokens) = columns(&held);
+                let done = store::publish(pool, &ids, &tokens).await?;
+                Ok(done.into_iter().map(|id| (id, false)).collect())
+            })
+            .await;
+        for ack in written.done {
             self.metrics.delivered(&ack.event_type, ack.created_at);
         }
-        self.count_lost(of(|o| matches!(o, Outcome::LeaseLost)).count(), "published");
+        busy.extend(written.busy);
 
-        let delivered: Vec<&Ack> = of(|o| matches!(o, Outcome::Delivered)).collect();
-        if !delivered.is_empty() {
-            let (ids, tokens) = columns(&delivered);
-            let pool = &self.pool;
-            let publish = || store::publish(pool, &ids, &tokens);
-            if let Some(done) = retrying("publish", self.lease_timeout, publish).await {
-                let done: HashSet<Uuid> = done.into_iter().collect();
-                for ack in delivered.iter().filter(|ack| done.contains(&ack.event_id)) {
-                    self.metrics.delivered(&ack.event_type, ack.created_at);
+        let (backoff, max_attempts) = (self.backoff, self.max_attempts);
+        let written = self
+            .write("record failures", &failed, |held| async move {
+                let mut failures = Failures::default();
+                for (ack, token) in held {
+                    if let Outcome::Failed { error, earlier_failures } = &ack.outcome {
+                        let retry_in = backoff.delay(earlier_failures + 1);
+                        failures.push(ack.event_id, token, error.clone(), retry_in);
+                    }
                 }
-                self.count_lost(delivered.len() - done.len(), "published");
+                let done = store::fail(pool, &failures, max_attempts).await?;
+                Ok(done.into_iter().map(|f| (f.event_id, f.dead)).collect())
+            })
+            .await;
+        for ack in &written.done {
+            self.metrics.failed(&ack.event_type, written.dead.contains(&ack.event_id));
+        }
+        if !written.dead.is_empty() {
+            let dead = &written.dead;
+            tracing::warn!(?dead, "outbox events exhausted their attempts and are now dead");
+        }
+        busy.extend(written.busy);
+
+        let written = self
+            .write("release", &released, |held| async move {
+                let (ids, tokens) = columns(&held);
+                let done = store::release(pool, &ids, &tokens).await?;
+                Ok(done.into_iter().map(|id| (id, false)).collect())
+            })
+            .await;
+        self.metrics.released(written.done.len() as u64);
+        busy.extend(written.busy);
+        delivered
+            .into_iter()
+            .chain(failed)
+            .chain(released)
+            .filter(|ack| busy.contains(&ack.event_id))
+            .collect()
+    }
+
+    /// Writes one kind of outcome with `statement` (given the acknowledgements with the rows'
+    /// current tokens, it returns the ids it wrote, each with whether the row died). Rows it did not write are either
+    /// locked by someone else (busy: tried again soon) or no longer held under this lease
+    /// (lost: another relay took them over). Every row but the busy ones is settled.
+    async fn write<'a, F, Fut>(&self, what: &str, acks: &'a [Ack], statement: F) -> Written<'a>
+    where
+        F: Fn(Vec<(&'a Ack, Uuid)>) -> Fut,
+        Fut: Future<Output = Result<Vec<(Uuid, bool)>, sqlx::Error>>,
+    {
+        let mut written = Written::default();
+        if acks.is_empty() {
+            return written;
+        }
+        let held: Vec<(&Ack, Uuid)> =
+            acks.iter().filter_map(|ack| Some((ack, self.held.token(ack.event_id)?))).collect();
+        let (ids, tokens) = columns(&held);
+        let write = || statement(held.clone());
+        let Some(done) = retrying(what, self.lease_timeout, write).await else {
+            self.held.settle(ids); // the leases expire and the rows are delivered again
+            return written;
+        };
+        written.dead = done.iter().filter(|(_, dead)| *dead).map(|(id, _)| *id).collect();
+        let done: HashSet<Uuid> = done.into_iter().map(|(id, _)| id).collect();
+        let (missing_ids, missing_tokens): (Vec<Uuid>, Vec<Uuid>) =
+            ids.iter().zip(&tokens).filter(|(id, _)| !done.contains(id)).unzip();
+        let still_leased: HashSet<Uuid> = if missing_ids.is_empty() {
+            HashSet::new()
+        } else {
+            let check = || store::still_leased(&self.pool, &missing_ids, &missing_tokens);
+            retrying("check leases", self.lease_timeout, check)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .collect()
+        };
+        let lost = missing_ids.len() - still_leased.len();
+        self.count_lost(lost, what);
+        self.held.settle(ids.iter().copied().filter(|id| !still_leased.contains(id)));
+        for (ack, _) in held {
+            if done.contains(&ack.event_id) {
+                written.done.push(ack);
+            } else if still_leased.contains(&ack.event_id) {
+                written.busy.push(ack.event_id);
             }
         }
-
-        let failed: Vec<&Ack> = of(|o| matches!(o, Outcome::Failed { .. })).collect();
-        if !failed.is_empty() {
-            let mut failures = Failures::default();
-            for ack in &failed {
-                if let Outcome::Failed { error, earlier_failures } = &ack.outcome {
-                    let retry_in = self.backoff.delay(earlier_failures + 1);
-                    failures.push(ack.event_id, ack.token, error.clone(), retry_in);
-                }
-            }
-            let (pool, max) = (&self.pool, self.max_attempts);
-            let record = || store::fail(pool, &failures, max);
-            if let Some(done) = retrying("record failures", self.lease_timeout, record).await {
-                let dead: HashSet<Uuid> =
-                    done.iter().filter(|f| f.dead).map(|f| f.event_id).collect();
-                let recorded: HashSet<Uuid> = done.iter().map(|f| f.event_id).collect();
-                for ack in failed.iter().filter(|ack| recorded.contains(&ack.event_id)) {
-                    self.metrics.failed(&ack.event_type, dead.contains(&ack.event_id));
-                }
-                if !dead.is_empty() {
-                    tracing::warn!(
-                        ?dead,
-                        "outbox events exhausted their attempts and are now dead"
-                    );
-                }
-                self.count_lost(failed.len() - recorded.len(), "failed");
-            }
-        }
-
-        let released: Vec<&Ack> = of(|o| matches!(o, Outcome::Released)).collect();
-        if !released.is_empty() {
-            let (ids, tokens) = columns(&released);
-            let pool = &self.pool;
-            let release = || store::release(pool, &ids, &tokens);
-            if let Some(done) = retrying("release", self.lease_timeout, release).await {
-                self.metrics.released(done);
-            }
-        }
+        written
     }
 
     fn count_lost(&self, lost: usize, outcome: &str) {
@@ -185,9 +248,19 @@ impl Acker {
     }
 }
 
+/// What one kind of acknowledgement wrote.
+#[derive(Default)]
+struct Written<'a> {
+    done: Vec<&'a Ack>,
+    /// Rows someone else had locked: still held, to try again.
+    busy: Vec<Uuid>,
+    /// Rows that died of the outcome written.
+    dead: HashSet<Uuid>,
+}
+
 /// `(event ids, tokens)` of some acknowledgements, for one statement.
-fn columns(acks: &[&Ack]) -> (Vec<Uuid>, Vec<Uuid>) {
-    acks.iter().map(|ack| (ack.event_id, ack.token)).unzip()
+fn columns(held: &[(&Ack, Uuid)]) -> (Vec<Uuid>, Vec<Uuid>) {
+    held.iter().map(|(ack, token)| (ack.event_id, *token)).unzip()
 }
 
 /// Runs an acknowledgement statement, retrying database errors for up to `patience`. Giving up
@@ -197,7 +270,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    let started = tokio::time::Instant::now();
+    let started = Instant::now();
     let mut delay = Duration::from_millis(50);
     loop {
         match statement().await {

@@ -143,9 +143,22 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
-    /// Failed deliveries (and expired leases) after which a row is dead. Default 10.
+    /// Failed deliveries after which a row is dead. Default 10.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.config.max_attempts = attempts;
+        self
+    }
+
+    /// Expired leases after which a row is dead. Default 30.
+    ///
+    /// A lease expires when its relay died, or could not renew it for a whole lease timeout
+    /// (the database unreachable, the process starved or paused). That says little about the
+    /// event, so expiries are counted apart from failed deliveries (in `expired_leases`, not
+    /// `attempts`), against this higher limit: a healthy event does not die because relays
+    /// were slow, while an event that kills every relay that delivers it (a handler that
+    /// aborts the process, say) still ends as a dead letter.
+    pub fn max_expired_leases(mut self, expiries: u32) -> Self {
+        self.config.max_expired_leases = expiries;
         self
     }
 
@@ -217,6 +230,11 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
         if config.max_attempts == 0 || i32::try_from(config.max_attempts).is_err() {
             return Err(BuildError::InvalidSetting("max_attempts must be between 1 and i32::MAX"));
+        }
+        if config.max_expired_leases == 0 || i32::try_from(config.max_expired_leases).is_err() {
+            return Err(BuildError::InvalidSetting(
+                "max_expired_leases must be between 1 and i32::MAX",
+            ));
         }
         if config.lease_timeout < Duration::from_millis(100) {
             return Err(BuildError::InvalidSetting("lease_timeout must be at least 100 ms"));

@@ -11,9 +11,10 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
 use crate::relay::acker::{Ack, Outcome};
-use crate::relay::handler::{Lease, Route, RowMeta, Settled};
-use crate::relay::held::Held;
+use crate::relay::handler::{DeliveryLease, Route, RowMeta, Settled};
+use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
+use crate::relay::pace::Pace;
 use crate::store::LeasedEvent;
 
 /// Longest error text kept in `last_error`.
@@ -24,32 +25,46 @@ pub(crate) struct Delivery<S> {
     pub(crate) route: Option<Arc<dyn Route<S>>>,
     pub(crate) state: S,
     pub(crate) row: LeasedEvent,
+    pub(crate) lease: HeldLease,
     /// The builder's pool, for transactional handlers.
     pub(crate) pool: PgPool,
-    pub(crate) held: Held,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) acks: UnboundedSender<Ack>,
     pub(crate) metrics: RelayMetrics,
+    pub(crate) pace: Pace,
 }
 
 impl<S> Delivery<S> {
+    /// Hands the row back unstarted (at shutdown).
+    pub(crate) fn hand_back(self) {
+        let _ = self.acks.send(ack(&self.row, Outcome::Released));
+    }
+
     pub(crate) async fn run(self) {
-        let Delivery { route, state, row, pool, held, handler_timeout, acks, metrics } = self;
+        let Delivery { route, state, row, mut lease, pool, handler_timeout, acks, metrics, pace } =
+            self;
+        // If this task is cancelled (shutdown timeout), the guard hands the row back.
+        let mut guard = AckGuard { acks, ack: Some(ack(&row, Outcome::Released)) };
+        if !lease.is_valid() {
+            // The lease ran out while the row waited (renewals were held up): hand it back.
+            tracing::debug!(event_id = %row.event_id, "outbox lease ran out before its delivery");
+            return;
+        }
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
+        let expired_leases = u32::try_from(row.expired_leases).unwrap_or(0);
         let span = tracing::info_span!(
             "outbox.deliver",
             event_id = %row.event_id,
             aggregate_type = %row.aggregate_type,
             aggregate_id = %row.aggregate_id,
             event_type = %row.event_type,
-            attempt = earlier_failures + 1,
+            attempt = earlier_failures + expired_leases + 1,
             traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
         );
-        // If this task is cancelled (shutdown timeout, lost lease), the guard hands the row back.
-        let mut guard = AckGuard { acks, ack: Some(Ack::new(&row, Outcome::Released)) };
         let event_type = row.event_type.clone();
         let started = std::time::Instant::now();
-        let result = async {
+        let delivery_lease = DeliveryLease { pool, lease: lease.clone() };
+        let handling = async {
             let Some(route) = route else {
                 return Err(format!(
                     "no handler registered for aggregate `{}`, event type `{}`",
@@ -60,11 +75,10 @@ impl<S> Delivery<S> {
                 event_id: row.event_id,
                 aggregate_id: row.aggregate_id,
                 headers: row.headers,
-                attempt: earlier_failures + 1,
+                attempt: earlier_failures + expired_leases + 1,
                 created_at: row.created_at,
             };
-            let lease = Lease { pool, event_id: row.event_id, held, token: row.lease_token };
-            let call = || route.call(state, meta, &row.payload, lease);
+            let call = || route.call(state, meta, &row.payload, delivery_lease);
             let handling = catch_unwind(AssertUnwindSafe(call))
                 .map_err(panic_message)?
                 .map_err(|decode| decode.to_string())?;
@@ -77,9 +91,23 @@ impl<S> Delivery<S> {
             };
             finished.map_err(panic_message)?.map_err(|error| error_chain(&*error))
         }
-        .instrument(span.clone())
-        .await;
-        metrics.handler_finished(&event_type, started.elapsed());
+        .instrument(span.clone());
+        // A lease that can no longer be vouched for cancels its delivery: past its deadline
+        // another relay may take the row.
+        let result = tokio::select! {
+            result = handling => result,
+            () = lease.expired() => {
+                let _entered = span.enter();
+                tracing::warn!(
+                    "outbox lease not renewed in time; delivery cancelled and the row handed back"
+                );
+                return;
+            }
+        };
+        lease.finish();
+        let took = started.elapsed();
+        metrics.handler_finished(&event_type, took);
+        pace.record(took);
 
         let _entered = span.enter();
         let outcome = match result {
@@ -103,6 +131,15 @@ impl<S> Delivery<S> {
             }
         };
         guard.send(outcome);
+    }
+}
+
+fn ack(row: &LeasedEvent, outcome: Outcome) -> Ack {
+    Ack {
+        event_id: row.event_id,
+        event_type: row.event_type.clone(),
+        created_at: row.created_at,
+        outcome,
     }
 }
 

@@ -1,150 +1,192 @@
-//! The leases a relay holds, from lease to acknowledgement: renewed while held, and their
-//! deliveries cancelled as soon as a lease can no longer be vouched for, so that no other relay
-//! ever delivers a row while this one still does.
+//! The leases a relay holds, from the lease statement to the acknowledgement.
+//!
+//! Every leased row has one entry here, from the moment the lease returns it until the
+//! acknowledger has written its outcome (or given up writing it). While the entry lives, the
+//! acknowledger renews the row's lease, and the entry's deadline says until when the lease is
+//! certainly valid: the send time of the last statement that confirmed it, plus the lease
+//! timeout (the database counts from that statement's start, which is later).
+//!
+//! A row is always in exactly one of three places: queued to start, being delivered, or
+//! waiting for its acknowledgement. A queued row whose deadline passed is not started but
+//! handed back; a delivery whose deadline passes is cancelled and its row handed back: so no
+//! other relay ever delivers a row while this one still does, and no row stays held without
+//! being delivered.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::task::AbortHandle;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::store;
 
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Held(Arc<Mutex<HashMap<Uuid, Lease>>>);
+/// Every lease this relay holds; cheap to clone.
+#[derive(Debug, Clone)]
+pub(crate) struct Held(Arc<Shared>);
 
 #[derive(Debug)]
-struct Lease {
-    /// The row's current lease token.
+struct Shared {
+    leases: Mutex<HashMap<Uuid, Entry>>,
+    lease_timeout: Duration,
+    /// Signalled whenever entries leave, so a relay holding its limit can lease again.
+    settled: Notify,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// The row's current lease token. It changes only if this relay leased the row again
+    /// after its previous lease expired (renewals held up): the delivery or acknowledgement
+    /// under way then goes on under the new lease.
     token: Uuid,
-    /// The token of the lease the delivery started under. It differs from `token` only if this
-    /// relay leased the row again while delivering it (after a slow renewal): the delivery
-    /// then acknowledges under the new lease.
-    delivery_token: Uuid,
-    /// When the database last confirmed the lease (lease or renewal statement sent): the
-    /// lease is certainly valid until this plus the lease timeout.
-    confirmed_at: Instant,
-    /// The running delivery, once started.
-    delivery: Option<AbortHandle>,
+    /// Until when the lease is certainly valid; deliveries watch it.
+    deadline: watch::Sender<Instant>,
+    finished: bool,
 }
 
 impl Held {
-    /// Records a lease sent at `leased_at`. Returns false if the row is already held here
-    /// (its previous lease expired under a slow renewal and this relay took it again): the new
-    /// token replaces the old one, and the delivery already under way acknowledges with it.
-    pub(crate) fn lease(&self, event_id: Uuid, token: Uuid, leased_at: Instant) -> bool {
-        let mut held = self.lock();
-        if let Some(lease) = held.get_mut(&event_id) {
-            lease.token = token;
-            lease.confirmed_at = leased_at;
-            return false;
+    pub(crate) fn new(lease_timeout: Duration) -> Self {
+        Held(Arc::new(Shared {
+            leases: Mutex::default(),
+            lease_timeout,
+            settled: Notify::new(),
+        }))
+    }
+
+    /// Records a lease whose statement was sent at `sent_at`. Returns the lease to deliver
+    /// under, or `None` if the row is already held here (its delivery or acknowledgement is
+    /// under way, and goes on under the new token).
+    pub(crate) fn lease(&self, event_id: Uuid, token: Uuid, sent_at: Instant) -> Option<HeldLease> {
+        let deadline = sent_at + self.0.lease_timeout;
+        let mut leases = self.lock();
+        if let Some(entry) = leases.get_mut(&event_id) {
+            entry.token = token;
+            entry.deadline.send_replace(deadline);
+            return None;
         }
-        let lease = Lease { token, delivery_token: token, confirmed_at: leased_at, delivery: None };
-        held.insert(event_id, lease);
-        true
+        let (sender, receiver) = watch::channel(deadline);
+        leases.insert(event_id, Entry { token, deadline: sender, finished: false });
+        Some(HeldLease { held: self.clone(), event_id, deadline: receiver })
     }
 
-    /// Whether the row leased under `token` is still held under that lease and certainly
-    /// valid, so its delivery may start.
-    pub(crate) fn is_valid(&self, event_id: Uuid, token: Uuid, lease_timeout: Duration) -> bool {
-        self.lock().get(&event_id).is_some_and(|lease| {
-            lease.delivery_token == token && lease.confirmed_at.elapsed() < lease_timeout
-        })
+    /// How many rows are held, and how many of them wait for their acknowledgement.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let leases = self.lock();
+        (leases.len(), leases.values().filter(|entry| entry.finished).count())
     }
 
-    pub(crate) fn started(&self, event_id: Uuid, delivery: AbortHandle) {
-        if let Some(lease) = self.lock().get_mut(&event_id) {
-            lease.delivery = Some(delivery);
+    /// Waits until some entry leaves.
+    pub(crate) async fn settled(&self) {
+        self.0.settled.notified().await;
+    }
+
+    /// The current token of a held row, if it is still held.
+    pub(crate) fn token(&self, event_id: Uuid) -> Option<Uuid> {
+        self.lock().get(&event_id).map(|entry| entry.token)
+    }
+
+    /// Stops holding rows whose outcome was written (or will never be).
+    pub(crate) fn settle(&self, event_ids: impl IntoIterator<Item = Uuid>) {
+        let mut leases = self.lock();
+        for event_id in event_ids {
+            leases.remove(&event_id);
         }
+        drop(leases);
+        self.0.settled.notify_waiters();
     }
 
-    /// The token a delivery that started under `token` acknowledges with: the row's current
-    /// one while this relay still holds the row for that delivery, else its own (which the
-    /// database then refuses if the row was leased again).
-    pub(crate) fn current_token(&self, event_id: Uuid, token: Uuid) -> Uuid {
-        match self.lock().get(&event_id) {
-            Some(lease) if lease.delivery_token == token => lease.token,
-            _ => token,
+    /// Renews every held lease in one statement, and moves the deadlines of those renewed.
+    /// A lease the statement did not renew (taken over, or locked by someone else right now)
+    /// keeps its deadline: its delivery is cancelled when that passes, and not before, since
+    /// until then no other relay can have it.
+    pub(crate) async fn renew(&self, pool: &PgPool) {
+        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
+            self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip();
+        if ids.is_empty() {
+            return;
         }
-    }
-
-    /// Stops holding a row whose delivery (started under `token`) ended, before its outcome is
-    /// written; returns the token to write it under (see [`Held::current_token`]). A delivery
-    /// given up earlier leaves a newer lease of the same row alone.
-    pub(crate) fn settle(&self, event_id: Uuid, token: Uuid) -> Uuid {
-        let mut held = self.lock();
-        match held.get(&event_id) {
-            Some(lease) if lease.delivery_token == token => {
-                let current = lease.token;
-                held.remove(&event_id);
-                current
-            }
-            _ => token,
-        }
-    }
-
-    /// Cancels the deliveries of leases that are gone: `lost` ones the database refused to
-    /// renew, and any not confirmed within a lease timeout (the database was unreachable).
-    /// Returns how many were given up.
-    fn give_up(&self, lost: &HashSet<(Uuid, Uuid)>, lease_timeout: Duration) -> usize {
-        let mut held = self.lock();
-        let before = held.len();
-        held.retain(|&event_id, lease| {
-            let gone = lost.contains(&(event_id, lease.token))
-                || lease.confirmed_at.elapsed() >= lease_timeout;
-            if gone {
-                if let Some(delivery) = &lease.delivery {
-                    delivery.abort();
-                }
-            }
-            !gone
-        });
-        before - held.len()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<Uuid, Lease>> {
-        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Renews the leases of held rows (the acknowledger calls this every third of the lease
-/// timeout, between its writes), and gives up those that are lost or can no longer be
-/// confirmed.
-pub(crate) async fn renew_leases(pool: &PgPool, held: &Held, lease_timeout: Duration) {
-    let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
-        held.lock().iter().map(|(id, lease)| (*id, lease.token)).unzip();
-    let mut lost = HashSet::new();
-    if !ids.is_empty() {
         let sent_at = Instant::now();
-        match store::renew(pool, &ids, &tokens, lease_timeout).await {
+        match store::renew(pool, &ids, &tokens, self.0.lease_timeout).await {
             Ok(renewed) => {
-                let renewed: HashSet<Uuid> = renewed.into_iter().collect();
-                let mut current = held.lock();
-                for (id, token) in ids.into_iter().zip(tokens) {
-                    match current.get_mut(&id) {
-                        Some(lease) if lease.token == token && renewed.contains(&id) => {
-                            lease.confirmed_at = sent_at;
+                let tokens: HashMap<Uuid, Uuid> = ids.into_iter().zip(tokens).collect();
+                let deadline = sent_at + self.0.lease_timeout;
+                let leases = self.lock();
+                for id in renewed {
+                    match leases.get(&id) {
+                        Some(entry) if Some(&entry.token) == tokens.get(&id) => {
+                            entry.deadline.send_if_modified(|current| {
+                                let later = deadline > *current;
+                                if later {
+                                    *current = deadline;
+                                }
+                                later
+                            });
                         }
-                        Some(lease) if lease.token == token => {
-                            lost.insert((id, token));
-                        }
-                        _ => {} // acknowledged or re-leased meanwhile
+                        _ => {} // settled or leased again meanwhile
                     }
                 }
             }
             Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
         }
     }
-    let given_up = held.give_up(&lost, lease_timeout);
-    if given_up > 0 {
-        tracing::warn!(
-            given_up,
-            "outbox leases lost or unconfirmed for a whole lease timeout; \
-                 cancelled their deliveries so no two relays deliver one row at once"
-        );
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Uuid, Entry>> {
+        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+        self.0.leases.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The lease of one held row, owned by its delivery: whether it may start, when it runs out,
+/// and the token to acknowledge under.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldLease {
+    held: Held,
+    event_id: Uuid,
+    deadline: watch::Receiver<Instant>,
+}
+
+impl HeldLease {
+    pub(crate) fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// Whether the lease is still certainly valid, so a delivery may start under it.
+    pub(crate) fn is_valid(&self) -> bool {
+        Instant::now() < *self.deadline.borrow()
+    }
+
+    /// Completes when the lease can no longer be vouched for: its deadline passed without a
+    /// renewal moving it.
+    pub(crate) async fn expired(&mut self) {
+        loop {
+            let deadline = *self.deadline.borrow_and_update();
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= *self.deadline.borrow() {
+                        return;
+                    }
+                }
+                changed = self.deadline.changed() => {
+                    if changed.is_err() {
+                        return; // settled: nothing left to vouch for
+                    }
+                }
+            }
+        }
+    }
+
+    /// The token to acknowledge under (the row's current one).
+    pub(crate) fn token(&self) -> Option<Uuid> {
+        self.held.token(self.event_id)
+    }
+
+    /// The delivery ended: the row now only waits for its acknowledgement, and is still renewed
+    /// until then.
+    pub(crate) fn finish(&self) {
+        if let Some(entry) = self.held.lock().get_mut(&self.event_id) {
+            entry.finished = true;
+        }
     }
 }

@@ -15,6 +15,7 @@ mod held;
 mod idle;
 mod listener;
 mod metrics;
+mod pace;
 mod transactional;
 
 use std::collections::{HashMap, VecDeque};
@@ -30,12 +31,13 @@ use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::store::{self, LeaseFilter, LeaseRequest, LeasedEvent};
-use acker::{Ack, Acker, Outcome};
+use acker::Acker;
 use config::RelayConfig;
 use deliver::Delivery;
 use handler::Route;
-use held::Held;
+use held::{Held, HeldLease};
 use idle::Idle;
+use pace::Pace;
 
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
@@ -43,6 +45,10 @@ pub use context::EventContext;
 pub use handler::{Handler, HandlerFuture};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::{TransactionContext, TransactionalHandler};
+
+/// Most finished deliveries waiting for their acknowledgement before the relay stops leasing:
+/// when acknowledgements lag, the relay does not take more rows than it can acknowledge.
+const MAX_UNACKNOWLEDGED: usize = 1_000;
 
 /// How soon a failed lease is tried again, doubling up to 30 s while it keeps failing. Soon:
 /// the usual failure is one broken pooled connection (after a database restart, say), which
@@ -102,20 +108,22 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let own_pool = |connections| {
             PgPoolOptions::new().max_connections(connections).test_before_acquire(false)
         };
-        let relay_pool = own_pool(4).connect_lazy_with(options("outbox-relay"));
-        let listen_pool = own_pool(1).connect_lazy_with(options("outbox-relay-listen"));
-        // The lease bounds a drain: its connection reuses one plan (see `LEASE_SESSION`). Set
-        // after connecting: poolers such as PgBouncer refuse such startup options.
-        let lease_pool = own_pool(1)
-            .after_connect(|conn, _| {
+        // Every statement of the relay reuses one plan made to be safe whatever the table's
+        // statistics (see `RELAY_SESSION`). Set after connecting: poolers such as PgBouncer
+        // refuse such startup options.
+        let own_pool = |connections| {
+            own_pool(connections).after_connect(|conn, _| {
                 Box::pin(async move {
-                    conn.execute(store::LEASE_SESSION).await?;
+                    conn.execute(store::RELAY_SESSION).await?;
                     Ok(())
                 })
             })
-            .connect_lazy_with(options("outbox-relay-lease"));
+        };
+        let relay_pool = own_pool(4).connect_lazy_with(options("outbox-relay"));
+        let listen_pool = own_pool(1).connect_lazy_with(options("outbox-relay-listen"));
+        let lease_pool = own_pool(1).connect_lazy_with(options("outbox-relay-lease"));
         let wake = Arc::new(Notify::new());
-        let held = Held::default();
+        let held = Held::new(config.lease_timeout);
         let (acks, acks_rx) = mpsc::unbounded_channel();
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
@@ -144,7 +152,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let gauges = AbortOnDrop(tokio::spawn(metrics::refresh_gauges(relay_pool.clone())));
 
         self.metrics.set_running(true);
-        let mut work = Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks };
+        let mut work =
+            Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks, pace: Pace::default() };
         let pools = Pools { lease: &lease_pool, relay: &relay_pool };
         let result = self.work(pools, &mut work, &wake, shutdown).await;
         drop(listener);
@@ -154,8 +163,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
 
         // Graceful shutdown.
         let Work { queue, mut tasks, acks, .. } = work;
-        for row in queue {
-            let _ = acks.send(Ack::new(&row, Outcome::Released));
+        for delivery in queue {
+            delivery.hand_back();
         }
         let finished = async { while tasks.join_next().await.is_some() {} };
         if tokio::time::timeout(config.shutdown_timeout, finished).await.is_err() {
@@ -183,7 +192,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     async fn work(
         &self,
         pools: Pools<'_>,
-        work: &mut Work,
+        work: &mut Work<S>,
         wake: &Notify,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Error> {
@@ -207,15 +216,27 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                     _ = work.tasks.join_next() => {}
                 }
             }
-            if let Some(row) = work.queue.pop_front() {
-                self.start(work, row);
+            if let Some(delivery) = work.queue.pop_front() {
+                let event_id = delivery.row.event_id;
+                work.tasks.spawn(delivery.run());
+                tracing::trace!(%event_id, "outbox delivery started");
                 continue;
             }
-            match self.lease(pools.lease, &work.held).await {
-                Ok((rows, full)) => {
+            let (held, unacknowledged) = work.held.counts();
+            if unacknowledged >= MAX_UNACKNOWLEDGED {
+                tracing::debug!(held, "outbox acknowledgements lag; waiting before leasing more");
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break 'work Ok(()),
+                    () = work.held.settled() => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+                continue;
+            }
+            match self.lease(pools.lease, work).await {
+                Ok(found) => {
                     retry = FIRST_LEASE_RETRY;
-                    if full || !rows.is_empty() {
-                        work.queue.extend(rows);
+                    if found {
                         idle.found_work(pools.relay).await;
                         continue;
                     }
@@ -239,8 +260,11 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         result
     }
 
-    /// Leases one batch; returns the deliverable rows and whether the batch was full.
-    async fn lease(&self, pool: &PgPool, held: &Held) -> Result<(Vec<LeasedEvent>, bool), Error> {
+    /// Leases one batch and queues its deliveries; returns whether it found rows.
+    ///
+    /// It leases no more rows than the handlers can start before the leases need renewing, so
+    /// rows do not wait in the queue for longer than a renewal interval.
+    async fn lease(&self, pool: &PgPool, work: &mut Work<S>) -> Result<bool, Error> {
         let config = &self.config;
         let filter = match config.unknown_events {
             UnknownEvents::LeaveForOthers => {
@@ -248,54 +272,50 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             }
             UnknownEvents::Fail => LeaseFilter::All,
         };
-        let leased_at = tokio::time::Instant::now();
+        let limit =
+            work.pace.lease_limit(config.concurrency, config.lease_timeout / 3, config.batch_size);
+        let sent_at = tokio::time::Instant::now();
         let rows = store::lease(
             pool,
             LeaseRequest {
-                limit: i64::from(config.batch_size),
+                limit: i64::from(limit),
                 lease_timeout: config.lease_timeout,
-                max_attempts: config.max_attempts as i32,
+                max_expired_leases: config.max_expired_leases as i32,
                 skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
                 filter,
             },
         )
         .await?;
-        let full = rows.len() == config.batch_size as usize;
-        let (died, live): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| row.died);
         self.metrics.database_reached();
-        if !died.is_empty() {
-            let dead: Vec<_> = died.iter().map(|row| row.event_id).collect();
-            tracing::warn!(?dead, "outbox events whose last lease expired are now dead");
-            for row in &died {
+        let found = !rows.is_empty();
+        for row in rows {
+            if row.died {
+                tracing::warn!(event_id = %row.event_id, "outbox event's lease expired too often; it is now dead");
                 self.metrics.died_on_expiry(&row.event_type);
+                continue;
+            }
+            // A row already held is already being delivered or acknowledged here.
+            if let Some(lease) = work.held.lease(row.event_id, row.lease_token, sent_at) {
+                work.queue.push_back(self.delivery(row, lease, work));
             }
         }
-        // A row already held is already being delivered here; see `Held::lease`.
-        let live =
-            live.into_iter().filter(|row| held.lease(row.event_id, row.lease_token, leased_at));
-        Ok((live.collect(), full))
+        Ok(found)
     }
 
-    fn start(&self, work: &mut Work, row: LeasedEvent) {
-        if !work.held.is_valid(row.event_id, row.lease_token, self.config.lease_timeout) {
-            // The lease ran out while the row waited (renewals failed): it is not ours to run.
-            return;
-        }
-        let event_id = row.event_id;
+    fn delivery(&self, row: LeasedEvent, lease: HeldLease, work: &Work<S>) -> Delivery<S> {
         let route =
             self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str())).cloned();
-        let delivery = Delivery {
+        Delivery {
             route,
             state: self.state.clone(),
             row,
+            lease,
             pool: self.pool.clone(),
-            held: work.held.clone(),
             handler_timeout: self.config.handler_timeout,
             acks: work.acks.clone(),
             metrics: self.metrics.clone(),
-        };
-        let running = work.tasks.spawn(delivery.run());
-        work.held.started(event_id, running);
+            pace: work.pace.clone(),
+        }
     }
 }
 
@@ -307,12 +327,13 @@ struct Pools<'a> {
 }
 
 /// The loop's working set, kept apart from the relay so shutdown can drain it.
-struct Work {
-    /// Leased rows not started yet.
-    queue: VecDeque<LeasedEvent>,
+struct Work<S> {
+    /// Deliveries of leased rows, not started yet.
+    queue: VecDeque<Delivery<S>>,
     tasks: JoinSet<()>,
     held: Held,
-    acks: mpsc::UnboundedSender<Ack>,
+    acks: mpsc::UnboundedSender<acker::Ack>,
+    pace: Pace,
 }
 
 /// Aborts a spawned task when dropped.

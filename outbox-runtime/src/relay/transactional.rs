@@ -11,7 +11,8 @@ use crate::error::BoxError;
 use crate::event::OutboxEvent;
 use crate::relay::context::EventContext;
 use crate::relay::handler::{
-    decode, DecodeError, HandlerFuture, Lease, Route, RouteFuture, RowMeta, Settled, TypedRoute,
+    decode, DecodeError, DeliveryLease, HandlerFuture, Route, RouteFuture, RowMeta, Settled,
+    TypedRoute,
 };
 use crate::store;
 
@@ -111,7 +112,7 @@ where
         state: S,
         meta: RowMeta,
         payload: &str,
-        lease: Lease,
+        lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
         let event: E = decode(payload)?;
         let handler = self.0.handler.clone();
@@ -127,9 +128,11 @@ where
             // comes back below, or was dropped, and rolls back either way.
             handler.call(ctx, event).await?;
             let mut tx = returned.await.map_err(|_| "the handler's transaction was lost")?;
-            let token = lease.held.current_token(lease.event_id, lease.token);
-            let published = store::publish(&mut *tx, &[lease.event_id], &[token]).await?;
-            if published.is_empty() {
+            let published = match lease.lease.token() {
+                Some(token) => store::publish_in(&mut tx, lease.lease.event_id(), token).await?,
+                None => false,
+            };
+            if !published {
                 tx.rollback().await?;
                 return Ok(Settled::LeaseLost);
             }

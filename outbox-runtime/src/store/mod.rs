@@ -5,6 +5,27 @@
 
 use std::time::Duration;
 
+mod ack;
+mod emit;
+mod lease;
+mod ops;
+mod sleepers;
+
+pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
+pub(crate) use emit::{event_for_key, insert_events, InsertShared, NewEvents};
+pub(crate) use lease::{lease, LeaseFilter, LeaseRequest, LeasedEvent, RELAY_SESSION};
+pub(crate) use ops::{
+    dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
+};
+pub(crate) use sleepers::{register_sleeper, unregister_sleeper};
+
+/// The statements whose plans the tests check, by name.
+#[cfg(feature = "test-hooks")]
+pub(crate) use {
+    ack::{FAIL, PUBLISH, RELEASE, RENEW, STILL_LEASED},
+    lease::LEASE_HANDLED,
+};
+
 /// The channel the insert trigger notifies; relays LISTEN on it.
 pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
 
@@ -14,11 +35,3 @@ const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 pub(crate) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
 }
-
-mod emit;
-mod lease;
-mod ops;
-
-pub(crate) use emit::*;
-pub(crate) use lease::*;
-pub(crate) use ops::*;

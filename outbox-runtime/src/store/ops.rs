@@ -80,7 +80,8 @@ pub(crate) async fn requeue_dead(
     let mut tx = pool.begin().await?;
     let requeued = sqlx::query(concat!(
         "UPDATE outbox.events \
-         SET dead_at = NULL, attempts = 0, lease_token = NULL, available_at = now() \
+         SET dead_at = NULL, attempts = 0, expired_leases = 0, lease_token = NULL, \
+             available_at = now() \
          WHERE ",
         dead_rows!()
     ))
@@ -112,18 +113,19 @@ pub(crate) async fn discard_dead(
 }
 
 /// Deletes up to `limit` rows published more than `older_than` ago, oldest first; returns how many.
-/// Short and index-driven, so it never holds many row locks for long.
+/// Short and index-driven, so it never holds many row locks for long: the rows are found on the
+/// `published_at` index and deleted by `ctid`, which leaves no join for a stale plan to get wrong.
 pub(crate) async fn purge_published(
     pool: &PgPool,
     older_than: Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
-        "DELETE FROM outbox.events WHERE event_id IN ( \
-             SELECT event_id FROM outbox.events \
+        "DELETE FROM outbox.events WHERE ctid = ANY (ARRAY( \
+             SELECT ctid FROM outbox.events \
              WHERE published_at < now() - $1::bigint * interval '1 microsecond' \
              ORDER BY published_at LIMIT $2 \
-             FOR UPDATE SKIP LOCKED)",
+             FOR UPDATE SKIP LOCKED))",
     )
     .bind(micros(older_than))
     .bind(limit)

@@ -1,0 +1,198 @@
+//! The statements on rows a relay holds: renewals and the fenced acknowledgements.
+//!
+//! Each is fast whatever the table's statistics say, and never waits on a row lock:
+//! - A row is found by its primary key and nothing else. The fence reads
+//!   `coalesce(published_at, dead_at) IS NULL`, which is not the predicate of the partial
+//!   pending index, so the planner cannot walk that index instead (with the statistics of an
+//!   empty table it did: a renewal of 40 rows read 240,000 index entries). The rows to touch
+//!   come from a `LATERAL ... LIMIT 1` probe per `(id, token)` pair, which the planner can
+//!   neither flatten nor turn around, and are then updated by `ctid`: so no join order is left
+//!   to get wrong.
+//! - Rows are locked `SKIP LOCKED`: a row someone else has locked (an operator's transaction, a
+//!   relay that took over an expired lease) is skipped this time and reported by
+//!   [`still_leased`], instead of stalling every other acknowledgement behind it. Relays never
+//!   wait on each other, so they cannot deadlock.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use super::micros;
+
+/// The `ctid`s of the rows `$1` (ids) still leased under `$2` (tokens, column-wise), locked.
+/// The fence: a row is touched only under the lease token named, and never once it is
+/// published or dead.
+macro_rules! fenced_rows {
+    () => {
+        "WITH mine AS ( \
+             SELECT x.ctid FROM UNNEST($1::uuid[], $2::uuid[]) AS h(event_id, lease_token) \
+             CROSS JOIN LATERAL ( \
+                 SELECT e.ctid FROM outbox.events e \
+                 WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+                   AND coalesce(e.published_at, e.dead_at) IS NULL \
+                 LIMIT 1 FOR UPDATE SKIP LOCKED \
+             ) x \
+         ) "
+    };
+}
+
+/// An update of the fenced rows `$1`/`$2`: `SET` clause, then what it returns.
+macro_rules! update_fenced {
+    ($set:expr, $returning:expr) => {
+        concat!(
+            fenced_rows!(),
+            "UPDATE outbox.events e SET ",
+            $set,
+            " WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM mine)) RETURNING ",
+            $returning
+        )
+    };
+}
+
+/// Marks delivered rows published; `$1` ids, `$2` tokens.
+pub(crate) const PUBLISH: &str = update_fenced!("published_at = now()", "e.event_id");
+
+/// Records failed deliveries; `$1` ids, `$2` tokens, `$3` each id's error text and retry delay
+/// in microseconds (`{"<id>": ["error", 1000]}`), `$4` the most attempts. A jsonb object rather
+/// than two more arrays: its keys are looked up by binary search, while matching array positions
+/// would take a join (whose order a stale plan could get wrong) or a linear search per row.
+pub(crate) const FAIL: &str = update_fenced!(
+    "attempts     = e.attempts + 1, \
+     last_error   = $3::jsonb -> e.event_id::text ->> 0, \
+     lease_token  = NULL, \
+     available_at = now() + ($3::jsonb -> e.event_id::text ->> 1)::bigint \
+                    * interval '1 microsecond', \
+     dead_at      = CASE WHEN e.attempts + 1 >= $4 THEN now() END",
+    "e.event_id, e.dead_at IS NOT NULL"
+);
+
+/// Hands rows back without counting an attempt, available at once; `$1` ids, `$2` tokens.
+pub(crate) const RELEASE: &str =
+    update_fenced!("lease_token = NULL, available_at = now()", "e.event_id");
+
+/// Pushes the lease deadline of held rows; `$1` ids, `$2` tokens, `$3` lease in microseconds.
+pub(crate) const RENEW: &str = update_fenced!(
+    "available_at = now() + $3::bigint * interval '1 microsecond'",
+    "e.event_id"
+);
+
+/// Which of `$1` (ids) are still leased under `$2` (tokens), without locking or waiting.
+pub(crate) const STILL_LEASED: &str =
+    "SELECT h.event_id FROM UNNEST($1::uuid[], $2::uuid[]) AS h(event_id, lease_token) \
+     CROSS JOIN LATERAL ( \
+         SELECT 1 FROM outbox.events e \
+         WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+           AND coalesce(e.published_at, e.dead_at) IS NULL \
+         LIMIT 1 \
+     ) x";
+
+/// Marks delivered rows published. Returns the ids done; the others were either taken over by
+/// another relay after this one's lease expired, or locked by someone else (see
+/// [`still_leased`]).
+pub(crate) async fn publish(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(PUBLISH).bind(ids).bind(tokens).fetch_all(pool).await
+}
+
+/// Marks one delivered row published inside a transactional handler's transaction, waiting for
+/// its lock if need be (relays hold row locks only for a statement). Returns whether the lease
+/// was still valid.
+pub(crate) async fn publish_in(
+    tx: &mut sqlx::PgConnection,
+    event_id: Uuid,
+    token: Uuid,
+) -> Result<bool, sqlx::Error> {
+    // The handler's connection has none of the relay's settings: make sure a plan made while
+    // the outbox was small does not scan it now (only for the rest of this transaction).
+    sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
+    let published = sqlx::query(
+        "UPDATE outbox.events e SET published_at = now() \
+         WHERE e.event_id = $1 AND e.lease_token = $2 \
+           AND coalesce(e.published_at, e.dead_at) IS NULL",
+    )
+    .bind(event_id)
+    .bind(token)
+    .execute(&mut *tx)
+    .await?;
+    Ok(published.rows_affected() == 1)
+}
+
+/// Failed deliveries, for one [`fail`] statement.
+#[derive(Default)]
+pub(crate) struct Failures {
+    pub(crate) event_ids: Vec<Uuid>,
+    pub(crate) tokens: Vec<Uuid>,
+    /// `{"<event id>": ["error", retry in microseconds]}`.
+    errors: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Failures {
+    pub(crate) fn push(&mut self, event_id: Uuid, token: Uuid, error: String, retry_in: Duration) {
+        self.event_ids.push(event_id);
+        self.tokens.push(token);
+        self.errors.insert(event_id.to_string(), serde_json::json!([error, micros(retry_in)]));
+    }
+}
+
+/// A failure that the database accepted (the lease was still valid).
+pub(crate) struct RecordedFailure {
+    pub(crate) event_id: Uuid,
+    pub(crate) dead: bool,
+}
+
+/// Records failed deliveries: counts the attempt, keeps the error, schedules the retry, and
+/// kills rows that reached `max_attempts`.
+pub(crate) async fn fail(
+    pool: &PgPool,
+    failures: &Failures,
+    max_attempts: i32,
+) -> Result<Vec<RecordedFailure>, sqlx::Error> {
+    let rows = sqlx::query(FAIL)
+        .bind(&failures.event_ids)
+        .bind(&failures.tokens)
+        .bind(sqlx::types::Json(&failures.errors))
+        .bind(max_attempts)
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|row| Ok(RecordedFailure { event_id: row.try_get(0)?, dead: row.try_get(1)? }))
+        .collect()
+}
+
+/// Hands leased rows back without counting an attempt. Returns the ids done.
+pub(crate) async fn release(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(RELEASE).bind(ids).bind(tokens).fetch_all(pool).await
+}
+
+/// Pushes the lease deadline of rows this relay still holds. Returns the renewed ids.
+pub(crate) async fn renew(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+    lease_timeout: Duration,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(RENEW)
+        .bind(ids)
+        .bind(tokens)
+        .bind(micros(lease_timeout))
+        .fetch_all(pool)
+        .await
+}
+
+/// Which of the rows are still leased under their tokens: of those an acknowledgement did not
+/// touch, the ones that were only locked by someone else, to try again.
+pub(crate) async fn still_leased(
+    pool: &PgPool,
+    ids: &[Uuid],
+    tokens: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(STILL_LEASED).bind(ids).bind(tokens).fetch_all(pool).await
+}

@@ -1,0 +1,49 @@
+//! Wake-up registrations: relays asleep on LISTEN, for producers to NOTIFY.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::micros;
+
+/// Registers a relay as asleep until `until_micros` from now, for producers to NOTIFY it.
+/// Returns false without registering if producers are inserting right now (they hold the lock
+/// shared): their rows are about to commit, so the relay should look again instead of sleeping.
+pub(crate) async fn register_sleeper(
+    pool: &PgPool,
+    relay_id: Uuid,
+    event_types: Option<&[String]>,
+    until: Duration,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let locked: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.sleeping_relays', 0))",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !locked {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO outbox.sleeping_relays (relay_id, event_types, until) \
+         VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond') \
+         ON CONFLICT (relay_id) DO UPDATE SET event_types = $2, until = excluded.until",
+    )
+    .bind(relay_id)
+    .bind(event_types)
+    .bind(micros(until))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Withdraws a relay's registration: it is awake and looks for rows by itself.
+pub(crate) async fn unregister_sleeper(pool: &PgPool, relay_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM outbox.sleeping_relays WHERE relay_id = $1")
+        .bind(relay_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The relay's statements, for this repository's tests: the plan tests prepare them on an empty
+//! outbox, and the model-based test drives them one at a time. Not for applications: the relay
+//! drives these, and none of it is covered by semver.
+
+/// The settings of the relay's own connections.
+pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
+
+/// The relay's default lease statement. Parameters: `$1` limit, `$2` token, `$3` lease micros,
+/// `$4` most expired leases, `$5` skip dead ordered events, `$6`/`$7` handled aggregate and
+/// event types.
+pub const LEASE: &str = crate::store::LEASE_HANDLED;
+/// `$1` ids, `$2` tokens.
+pub const PUBLISH: &str = crate::store::PUBLISH;
+/// `$1` ids, `$2` tokens, `$3` `{"<id>": ["error", retry micros]}`, `$4` most attempts.
+pub const FAIL: &str = crate::store::FAIL;
+/// `$1` ids, `$2` tokens.
+pub const RELEASE: &str = crate::store::RELEASE;
+/// `$1` ids, `$2` tokens, `$3` lease micros.
+pub const RENEW: &str = crate::store::RENEW;
+/// `$1` ids, `$2` tokens.
+pub const STILL_LEASED: &str = crate::store::STILL_LEASED;
+
+/// The relay's statements one at a time, for the model-based test that checks the table's
+/// invariants after every step.
+pub mod steps {
+    use std::time::Duration;
+
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use crate::store::{self, Failures, LeaseFilter, LeaseRequest};
+
+    /// A leased row: `(event id, token, attempts, expired leases, died on expiry)`.
+    pub type Leased = (Uuid, Uuid, i32, i32, bool);
+
+    /// Leases up to `limit` rows of the given `(aggregate_type, event_type)` pairs with the
+    /// relay's default statement.
+    pub async fn lease(
+        pool: &PgPool,
+        types: &[(&str, &str)],
+        limit: i64,
+        lease_timeout: Duration,
+        max_expired_leases: i32,
+        skip_dead_ordered: bool,
+    ) -> Result<Vec<Leased>, sqlx::Error> {
+        let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
+            types.iter().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
+        let request = LeaseRequest {
+            limit,
+            lease_timeout,
+            max_expired_leases,
+            skip_dead_ordered,
+            filter: LeaseFilter::Only {
+                aggregate_types: &aggregate_types,
+                event_types: &event_types,
+            },
+        };
+        let rows = store::lease(pool, request).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.event_id, r.lease_token, r.attempts, r.expired_leases, r.died))
+            .collect())
+    }
+
+    /// Publishes under `token`; whether the lease was still valid.
+    pub async fn publish(pool: &PgPool, event_id: Uuid, token: Uuid) -> Result<bool, sqlx::Error> {
+        Ok(!store::publish(pool, &[event_id], &[token]).await?.is_empty())
+    }
+
+    /// Records a failure under `token`; `None` if refused, else whether the row died.
+    pub async fn fail(
+        pool: &PgPool,
+        event_id: Uuid,
+        token: Uuid,
+        error: &str,
+        retry_in: Duration,
+        max_attempts: i32,
+    ) -> Result<Option<bool>, sqlx::Error> {
+        let mut failures = Failures::default();
+        failures.push(event_id, token, error.to_owned(), retry_in);
+        let recorded = store::fail(pool, &failures, max_attempts).await?;
+        Ok(recorded.first().map(|f| f.dead))
+    }
+
+    /// Hands a row back under `token`; whether the lease was still valid.
+    pub async fn release(pool: &PgPool, event_id: Uuid, token: Uuid) -> Result<bool, sqlx::Error> {
+        Ok(!store::release(pool, &[event_id], &[token]).await?.is_empty())
+    }
+
+    /// Renews a lease under `token`; whether it was still valid.
+    pub async fn renew(
+        pool: &PgPool,
+        event_id: Uuid,
+        token: Uuid,
+        lease_timeout: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        Ok(!store::renew(pool, &[event_id], &[token], lease_timeout).await?.is_empty())
+    }
+}
