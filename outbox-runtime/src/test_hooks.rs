@@ -9,6 +9,9 @@ pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
 /// `$4` most expired leases, `$5` skip dead ordered events, `$6`/`$7` handled aggregate and
 /// event types.
 pub const LEASE: &str = crate::store::LEASE_HANDLED;
+/// The lease of a relay that takes every event type (`UnknownEvents::Fail`): `$1` to `$5` as
+/// [`LEASE`].
+pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
 /// `$1` ids, `$2` tokens, `$3` `{"<id>": ["error", retry micros]}`, `$4` most attempts.
@@ -19,6 +22,10 @@ pub const RELEASE: &str = crate::store::RELEASE;
 pub const RENEW: &str = crate::store::RENEW;
 /// `$1` ids, `$2` tokens.
 pub const STILL_LEASED: &str = crate::store::STILL_LEASED;
+/// A transactional handler's acknowledgement: `$1` id, `$2` token.
+pub const PUBLISH_ONE: &str = crate::store::PUBLISH_ONE;
+/// Retention: `$1` age in micros, `$2` most rows.
+pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
 
 /// The relay's statements one at a time, for the model-based test that checks the table's
 /// invariants after every step.

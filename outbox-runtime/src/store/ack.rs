@@ -87,6 +87,12 @@ pub(crate) const STILL_LEASED: &str =
          LIMIT 1 \
      ) x";
 
+/// Marks one row published; `$1` id, `$2` token. Waits for the row's lock: it runs in a
+/// transactional handler's transaction, where relays hold row locks only for a statement.
+pub(crate) const PUBLISH_ONE: &str = "UPDATE outbox.events e SET published_at = now() \
+     WHERE e.event_id = $1 AND e.lease_token = $2 \
+       AND coalesce(e.published_at, e.dead_at) IS NULL";
+
 /// Marks delivered rows published. Returns the ids done; the others were either taken over by
 /// another relay after this one's lease expired, or locked by someone else (see
 /// [`still_leased`]).
@@ -98,9 +104,8 @@ pub(crate) async fn publish(
     sqlx::query_scalar(PUBLISH).bind(ids).bind(tokens).fetch_all(pool).await
 }
 
-/// Marks one delivered row published inside a transactional handler's transaction, waiting for
-/// its lock if need be (relays hold row locks only for a statement). Returns whether the lease
-/// was still valid.
+/// Marks one delivered row published inside a transactional handler's transaction (see
+/// [`PUBLISH_ONE`]). Returns whether the lease was still valid.
 pub(crate) async fn publish_in(
     tx: &mut sqlx::PgConnection,
     event_id: Uuid,
@@ -109,15 +114,7 @@ pub(crate) async fn publish_in(
     // The handler's connection has none of the relay's settings: make sure a plan made while
     // the outbox was small does not scan it now (only for the rest of this transaction).
     sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
-    let published = sqlx::query(
-        "UPDATE outbox.events e SET published_at = now() \
-         WHERE e.event_id = $1 AND e.lease_token = $2 \
-           AND coalesce(e.published_at, e.dead_at) IS NULL",
-    )
-    .bind(event_id)
-    .bind(token)
-    .execute(&mut *tx)
-    .await?;
+    let published = sqlx::query(PUBLISH_ONE).bind(event_id).bind(token).execute(&mut *tx).await?;
     Ok(published.rows_affected() == 1)
 }
 

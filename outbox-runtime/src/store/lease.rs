@@ -126,7 +126,7 @@ pub(crate) const LEASE_HANDLED: &str =
 
 /// Leases the oldest available rows of any type. The types with pending rows come from a
 /// skip scan of the per-type index (one probe per type), not from an index of their own.
-const LEASE_ANY: &str = lease_sql!(
+pub(crate) const LEASE_ANY: &str = lease_sql!(
     "WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
           WHERE r.published_at IS NULL AND r.dead_at IS NULL \

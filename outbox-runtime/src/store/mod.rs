@@ -22,8 +22,9 @@ pub(crate) use sleepers::{register_sleeper, unregister_sleeper};
 /// The statements whose plans the tests check, by name.
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
-    ack::{FAIL, PUBLISH, RELEASE, RENEW, STILL_LEASED},
-    lease::LEASE_HANDLED,
+    ack::{FAIL, PUBLISH, PUBLISH_ONE, RELEASE, RENEW, STILL_LEASED},
+    lease::{LEASE_ANY, LEASE_HANDLED},
+    ops::PURGE_PUBLISHED,
 };
 
 /// The channel the insert trigger notifies; relays LISTEN on it.

@@ -112,6 +112,13 @@ pub(crate) async fn discard_dead(
     Ok(done.rows_affected())
 }
 
+/// Deletes up to `$2` rows published more than `$1` microseconds ago.
+pub(crate) const PURGE_PUBLISHED: &str = "DELETE FROM outbox.events WHERE ctid = ANY (ARRAY( \
+         SELECT ctid FROM outbox.events \
+         WHERE published_at < now() - $1::bigint * interval '1 microsecond' \
+         ORDER BY published_at LIMIT $2 \
+         FOR UPDATE SKIP LOCKED))";
+
 /// Deletes up to `limit` rows published more than `older_than` ago, oldest first; returns how many.
 /// Short and index-driven, so it never holds many row locks for long: the rows are found on the
 /// `published_at` index and deleted by `ctid`, which leaves no join for a stale plan to get wrong.
@@ -120,13 +127,7 @@ pub(crate) async fn purge_published(
     older_than: Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM outbox.events WHERE ctid = ANY (ARRAY( \
-             SELECT ctid FROM outbox.events \
-             WHERE published_at < now() - $1::bigint * interval '1 microsecond' \
-             ORDER BY published_at LIMIT $2 \
-             FOR UPDATE SKIP LOCKED))",
-    )
+    let done = sqlx::query(PURGE_PUBLISHED)
     .bind(micros(older_than))
     .bind(limit)
     .execute(pool)

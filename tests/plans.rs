@@ -1,0 +1,320 @@
+//! Every statement the relay runs is fast whatever the table's statistics say.
+//!
+//! A healthy outbox is usually empty when ANALYZE last saw it, and a relay reuses the plan it
+//! made when it started. So each statement is prepared and first run on an empty, analyzed
+//! outbox (autovacuum off, so the statistics stay those of the empty table), on a connection
+//! set up as the relay sets up its own; then 20,000 pending rows arrive, and the kept plan
+//! must still read a few index entries per row it touches: no sequential scan, no walk of a
+//! whole index. Also: the lease reads no published history.
+
+mod support;
+
+use sqlx::{Connection, PgConnection, PgPool};
+use support::*;
+use uuid::Uuid;
+
+use outbox_runtime::__private::test_hooks as hooks;
+
+/// Pending rows that arrive after the plans were made.
+const PENDING: i64 = 20_000;
+/// Of those, the rows a relay holds, which the acknowledgements and the renewal touch.
+const HELD: usize = 200;
+/// Index entries (or heap rows) a statement may read per row it touches.
+const READS_PER_ROW: i64 = 4;
+
+/// Rows read by every scan of a JSON plan (returned, or read and filtered out), times loops.
+fn rows_read(node: &serde_json::Value) -> i64 {
+    let kind = node["Node Type"].as_str().unwrap_or_default();
+    let own = if kind.contains("Scan") && kind != "CTE Scan" && kind != "Function Scan" {
+        let loops = node["Actual Loops"].as_i64().unwrap_or(1);
+        let rows = node["Actual Rows"].as_i64().unwrap_or(0)
+            + node["Rows Removed by Filter"].as_i64().unwrap_or(0)
+            + node["Rows Removed by Index Recheck"].as_i64().unwrap_or(0);
+        rows * loops
+    } else {
+        0
+    };
+    own + node["Plans"].as_array().map_or(0, |children| children.iter().map(rows_read).sum())
+}
+
+/// Rows a statement returned, or for a modification without `RETURNING`, modified.
+fn touched(root: &serde_json::Value) -> i64 {
+    let returned = root["Actual Rows"].as_i64().unwrap_or(0);
+    if root["Node Type"] != "ModifyTable" || returned > 0 {
+        return returned;
+    }
+    let children = root["Plans"].as_array().into_iter().flatten();
+    children
+        .filter(|child| child["Parent Relationship"] == "Outer")
+        .map(|child| child["Actual Rows"].as_i64().unwrap_or(0))
+        .sum()
+}
+
+/// Whether any node of a JSON plan is a sequential scan.
+fn has_seq_scan(node: &serde_json::Value) -> bool {
+    node["Node Type"] == "Seq Scan"
+        || node["Plans"].as_array().is_some_and(|children| children.iter().any(has_seq_scan))
+}
+
+/// One relay statement: its name, SQL, parameter types, and the rows it should touch.
+struct Statement {
+    name: &'static str,
+    sql: &'static str,
+    parameters: &'static str,
+    /// Arguments for the run on the empty outbox, and for the measured run.
+    first: String,
+    measured: String,
+    touches: i64,
+    /// Run inside a transaction that first sets this (as `publish_in` does).
+    local: Option<&'static str>,
+}
+
+/// A Postgres array literal of uuids.
+fn uuids(ids: &[Uuid]) -> String {
+    let items: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    format!("'{{{}}}'", items.join(","))
+}
+
+async fn explain(conn: &mut PgConnection, statement: &Statement) -> serde_json::Value {
+    let mut tx = conn.begin().await.unwrap();
+    if let Some(setting) = statement.local {
+        sqlx::raw_sql(setting).execute(&mut *tx).await.unwrap();
+    }
+    let sql = format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})",
+        statement.name, statement.measured
+    );
+    let plan: serde_json::Value = sqlx::query_scalar(&sql).fetch_one(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    plan
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an_empty_outbox(
+    pool: PgPool,
+) {
+    migrated(&pool).await;
+    sqlx::raw_sql(
+        "ALTER TABLE outbox.events SET (autovacuum_enabled = false); ANALYZE outbox.events",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let nothing = uuids(&[Uuid::now_v7()]);
+    let zero = uuids(&[Uuid::nil()]);
+    let lease_args = "100, gen_random_uuid(), 30000000, 10, false";
+    let no_failure = format!("{nothing}, {zero}, '{{}}', 10");
+    let mut statements = vec![
+        Statement {
+            name: "lease",
+            sql: hooks::LEASE,
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}'"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "lease_any",
+            sql: hooks::LEASE_ANY,
+            parameters: "bigint, uuid, bigint, int, bool",
+            first: lease_args.to_owned(),
+            measured: lease_args.to_owned(),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "purge",
+            sql: hooks::PURGE_PUBLISHED,
+            parameters: "bigint, bigint",
+            first: "3600000000, 1000".to_owned(),
+            measured: "3600000000, 1000".to_owned(),
+            touches: 1_000,
+            local: None,
+        },
+    ];
+    // The statements on held rows, measured below once the rows exist.
+    let on_held: [(&str, &str, &str); 6] = [
+        ("publish", hooks::PUBLISH, "uuid[], uuid[]"),
+        ("release", hooks::RELEASE, "uuid[], uuid[]"),
+        ("renew", hooks::RENEW, "uuid[], uuid[], bigint"),
+        ("still_leased", hooks::STILL_LEASED, "uuid[], uuid[]"),
+        ("fail", hooks::FAIL, "uuid[], uuid[], jsonb, int"),
+        ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
+    ];
+
+    // The relay's connection, and a plain one for the transactional handler's acknowledgement.
+    let mut relay = pool.acquire().await.unwrap().detach();
+    let mut handler = pool.acquire().await.unwrap().detach();
+    sqlx::raw_sql(hooks::RELAY_SESSION).execute(&mut relay).await.unwrap();
+    // The worst case for the handler's connection: a plan made once and kept.
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan").execute(&mut handler).await.unwrap();
+    let publish_one_local = "SET LOCAL enable_seqscan = off";
+
+    // Plans made on the empty outbox, kept.
+    for statement in &statements {
+        let prepare =
+            format!("PREPARE {}({}) AS {}", statement.name, statement.parameters, statement.sql);
+        sqlx::raw_sql(&prepare).execute(&mut relay).await.unwrap();
+        let first = format!("EXECUTE {}({})", statement.name, statement.first);
+        sqlx::raw_sql(&first).execute(&mut relay).await.unwrap();
+    }
+    for (name, sql, parameters) in on_held {
+        let conn = if name == "publish_one" { &mut handler } else { &mut relay };
+        sqlx::raw_sql(&format!("PREPARE {name}({parameters}) AS {sql}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let first = match name {
+            "renew" => format!("{nothing}, {zero}, 1"),
+            "fail" => no_failure.clone(),
+            "publish_one" => "gen_random_uuid(), gen_random_uuid()".to_owned(),
+            _ => format!("{nothing}, {zero}"),
+        };
+        let mut tx = conn.begin().await.unwrap();
+        if name == "publish_one" {
+            sqlx::raw_sql(publish_one_local).execute(&mut *tx).await.unwrap();
+        }
+        sqlx::raw_sql(&format!("EXECUTE {name}({first})")).execute(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    // The backlog arrives, with a history to purge; a relay holds some of it.
+    for _ in 0..PENDING / 5_000 {
+        emit_committed(&pool, &(0..5_000).map(placed).collect::<Vec<_>>()).await;
+    }
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    published_at) \
+         SELECT gen_random_uuid(), 'order', i::text, 'order.placed', '{\"n\": 1}', \
+                now() - interval '2 days' \
+         FROM generate_series(1, 20000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let token = Uuid::new_v4();
+    let held: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE outbox.events SET lease_token = $1, available_at = now() + interval '1 hour' \
+         WHERE event_id IN (SELECT event_id FROM outbox.events WHERE published_at IS NULL \
+                            ORDER BY random() LIMIT $2) \
+         RETURNING event_id",
+    )
+    .bind(token)
+    .bind(HELD as i64)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let ids = uuids(&held);
+    let tokens = uuids(&[token; HELD]);
+    let errors: serde_json::Map<String, serde_json::Value> =
+        held.iter().map(|id| (id.to_string(), serde_json::json!(["boom", 1000]))).collect();
+    let errors = serde_json::Value::Object(errors).to_string();
+    for (name, sql, parameters) in on_held {
+        let (measured, touches, local) = match name {
+            "renew" => (format!("{ids}, {tokens}, 30000000"), HELD as i64, None),
+            "fail" => (format!("{ids}, {tokens}, '{errors}', 10"), HELD as i64, None),
+            "publish_one" => (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local)),
+            _ => (format!("{ids}, {tokens}"), HELD as i64, None),
+        };
+        let first = String::new();
+        statements.push(Statement { name, sql, parameters, first, measured, touches, local });
+    }
+
+    let mut report = Vec::new();
+    for statement in &statements {
+        let conn = if statement.name == "publish_one" { &mut handler } else { &mut relay };
+        let plan = explain(conn, statement).await;
+        let root = &plan[0]["Plan"];
+        let read = rows_read(root);
+        report.push(format!("{}: {read} rows read for {}", statement.name, statement.touches));
+        assert!(!has_seq_scan(root), "{} scans the table: {plan:#}", statement.name);
+        assert_eq!(touched(root), statement.touches, "{}: {plan:#}", statement.name);
+        assert!(
+            read <= READS_PER_ROW * statement.touches + 10,
+            "{} read {read} rows to touch {}: {plan:#}",
+            statement.name,
+            statement.touches
+        );
+    }
+    println!("{}", report.join("; "));
+}
+
+/// The relay's default lease of up to 100 `order.placed` rows, once prepared as `lease`.
+const LEASE: &str =
+    "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}')";
+
+async fn prepare_lease(conn: &mut sqlx::PgConnection) {
+    sqlx::query(&format!(
+        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
+        hooks::LEASE
+    ))
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// Shared buffers the lease statement reads to find its rows (the `candidates` part, not the
+/// update), from `EXPLAIN (ANALYZE, BUFFERS)`.
+async fn lease_buffers(pool: &PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    prepare_lease(&mut conn).await;
+    let plan: serde_json::Value =
+        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {LEASE}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    // The connection goes back to the pool, where the next call may get it again.
+    sqlx::query("DEALLOCATE lease").execute(&mut *conn).await.unwrap();
+    let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");
+    candidates["Shared Hit Blocks"].as_i64().unwrap()
+        + candidates["Shared Read Blocks"].as_i64().unwrap()
+}
+
+fn find_node<'a>(node: &'a serde_json::Value, subplan: &str) -> Option<&'a serde_json::Value> {
+    if node["Subplan Name"] == subplan {
+        return Some(node);
+    }
+    node["Plans"].as_array()?.iter().find_map(|child| find_node(child, subplan))
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_lease_reads_no_published_history(pool: PgPool) {
+    migrated(&pool).await;
+    emit_committed(&pool, &(0..100).map(placed).collect::<Vec<_>>()).await;
+    let without_history = lease_buffers(&pool).await;
+    sqlx::query(
+        "UPDATE outbox.events SET published_at = NULL, lease_token = NULL, available_at = now()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // 200,000 published rows behind the same 100 pending ones.
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                    published_at) \
+         SELECT gen_random_uuid(), 'order', i::text, 'order.placed', '{\"n\": 1}', now() \
+         FROM generate_series(1, 200000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE outbox.events").execute(&pool).await.unwrap();
+    let table_pages: i64 = sqlx::query_scalar(
+        "SELECT relpages::bigint FROM pg_class WHERE oid = 'outbox.events'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let with_history = lease_buffers(&pool).await;
+
+    eprintln!("lease buffers: {without_history} without history, {with_history} with; table {table_pages} pages");
+    assert!(table_pages > 2_000, "the history is large: {table_pages} pages");
+    assert!(
+        with_history <= 3 * 100 + 100 && with_history * 10 < table_pages,
+        "the lease read {with_history} buffers with history ({without_history} without): it \
+         should cost a few per pending row, whatever the history"
+    );
+}
