@@ -12,7 +12,9 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use outbox_runtime::{emit, emit_with, EmitOptions, Error, EventContext, InvalidEvent, OutboxEvent};
+use outbox_runtime::{
+    emit, emit_with, EmitOptions, Error, EventContext, InvalidEvent, OutboxEvent,
+};
 use outbox_runtime::{Relay, RelayBuilder};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -61,13 +63,20 @@ impl Sample {
     }
 }
 
-/// `levels` arrays and objects, one inside the other (objects where `shape` says so).
+/// `levels` arrays, one inside the other.
 fn nested(levels: usize) -> Value {
-    nested_as(&vec![false; levels])
+    nested_as(std::iter::repeat_n(false, levels))
 }
 
-fn nested_as(shape: &[bool]) -> Value {
-    shape.iter().fold(json!("leaf"), |inner, &object| if object { json!({ "k": inner }) } else { json!([inner]) })
+/// Arrays and objects (`true`), one inside the other, the first innermost.
+fn nested_as(shape: impl IntoIterator<Item = bool>) -> Value {
+    shape.into_iter().fold(json!("leaf"), |inner, object| {
+        if object {
+            json!({ "k": inner })
+        } else {
+            json!([inner])
+        }
+    })
 }
 
 const EXTREME_F64: [f64; 18] = [
@@ -115,7 +124,7 @@ fn finite_f32() -> impl Strategy<Value = f32> {
 }
 
 /// Any Unicode text up to `max` characters, without NUL (which `emit` refuses; see `bad_input`).
-fn text(max: usize) -> impl Strategy<Value = String> {
+fn unicode(max: usize) -> impl Strategy<Value = String> {
     prop::collection::vec(any::<char>().prop_filter("not NUL", |c| *c != '\0'), 0..max)
         .prop_map(String::from_iter)
 }
@@ -130,9 +139,9 @@ fn sample() -> impl Strategy<Value = Sample> {
         prop_oneof![Just(i128::MIN), Just(i128::MAX), any::<i128>()],
         prop_oneof![Just(u128::MAX), any::<u128>()],
     );
-    let text = prop_oneof![3 => text(200), 1 => text(20_000)];
+    let text = prop_oneof![3 => unicode(200), 1 => unicode(20_000)];
     let by_name = prop::collection::btree_map(
-        text(12),
+        unicode(12),
         prop::collection::vec(prop::option::of(finite_f64()), 0..4),
         0..4,
     );
@@ -140,7 +149,13 @@ fn sample() -> impl Strategy<Value = Sample> {
     let depth = prop_oneof![Just(LIMIT - 1), Just(LIMIT), 0..LIMIT - 1];
     let deep = depth.prop_flat_map(|levels| prop::collection::vec(any::<bool>(), levels));
     (any::<u64>(), numbers, text, by_name, deep).prop_map(
-        |(id, (doubles, singles, maybe, signed, unsigned, wide, unsigned_wide), text, by_name, deep)| {
+        |(
+            id,
+            (doubles, singles, maybe, signed, unsigned, wide, unsigned_wide),
+            text,
+            by_name,
+            deep,
+        )| {
             Sample {
                 id,
                 doubles,
@@ -152,7 +167,7 @@ fn sample() -> impl Strategy<Value = Sample> {
                 unsigned_wide,
                 text,
                 by_name,
-                deep: nested_as(&deep),
+                deep: nested_as(deep),
             }
         },
     )
@@ -192,7 +207,9 @@ async fn round_trip(pool: &PgPool, sample: &Sample) -> Result<Option<Uuid>, Test
             prop_assert_eq!(&decoded, sample);
             Ok(Some(id))
         }
-        Err(Error::InvalidEvent { reason: InvalidEvent::TooDeep { what, depth, limit }, .. }) => {
+        Err(Error::InvalidEvent {
+            reason: InvalidEvent::TooDeep { what, depth, limit }, ..
+        }) => {
             prop_assert_eq!((what, depth, limit), ("the payload", depth_of(sample), LIMIT));
             prop_assert!(depth > LIMIT);
             Ok(None)
@@ -328,7 +345,9 @@ async fn nesting_deeper_than_the_relay_decodes_is_refused_at_emit(pool: PgPool) 
     // The headers' object is the first level of a header.
     let deep_header = EmitOptions::new().header("trace", nested(LIMIT));
     match emit_with(&mut tx, &Sample::plain(2), deep_header).await {
-        Err(Error::InvalidEvent { reason: InvalidEvent::TooDeep { what: "a header", .. }, .. }) => {}
+        Err(Error::InvalidEvent {
+            reason: InvalidEvent::TooDeep { what: "a header", .. }, ..
+        }) => {}
         other => panic!("expected TooDeep, got {other:?}"),
     }
 

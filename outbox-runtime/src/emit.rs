@@ -17,6 +17,10 @@ use crate::{json, store};
 /// state change it describes. `emit` takes nothing but an open transaction, so an event cannot
 /// be written outside of one by mistake.
 ///
+/// The handler's type receives the payload exactly as emitted, every finite float included, but
+/// `-0.0` comes back as `0.0` (`jsonb` numbers have no negative zero; equal by `==`), and a whole
+/// float from 1e16 up held in a `serde_json::Value` comes back as an integer `Number`.
+///
 /// ```no_run
 /// # use outbox_runtime::OutboxEvent;
 /// # use serde::{Deserialize, Serialize};

@@ -58,7 +58,7 @@ pub enum InvalidEvent {
     /// The payload or a header nests arrays and objects deeper than the relay can decode
     /// (`serde_json`'s deserializer refuses more than 127 levels, the outermost object counting
     /// as one), whatever the handler's type would have skipped.
-    #[error("{what} nests {depth} levels of arrays and objects, more than the {limit} the relay can decode")]
+    #[error("{what} nests arrays and objects {depth} deep; the relay decodes at most {limit}")]
     TooDeep {
         /// What is nested too deep: `"the payload"` or `"a header"`.
         what: &'static str,

@@ -359,9 +359,8 @@ mod tests {
 
     #[test]
     fn counts_objects_and_empty_containers_but_not_siblings() {
-        let deep_object = (0..MAX_DEPTH).fold(serde_json::json!({}), |inner, _| {
-            serde_json::json!({ "k": inner })
-        });
+        let deep_object = (0..MAX_DEPTH)
+            .fold(serde_json::json!({}), |inner, _| serde_json::json!({ "k": inner }));
         assert!(matches!(
             to_json(&deep_object, "x"),
             Err(InvalidEvent::TooDeep { depth: 128, .. })

@@ -163,3 +163,44 @@ pub fn fast<S: Clone + Send + Sync + 'static>(builder: RelayBuilder<S>) -> Relay
         jitter: false,
     })
 }
+
+/// Keeps every core busy with a plain spinning loop while it lives, so timing-sensitive
+/// guarantees (leases, renewals, timeouts) are tested on a starved CPU too. Bounded: the
+/// threads stop by themselves after `limit`, should the owner leak it.
+pub struct CpuBurner {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl CpuBurner {
+    pub fn start(limit: Duration) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let until = std::time::Instant::now() + limit;
+                    let mut spins = 0_u64;
+                    while !stop.load(Relaxed) && std::time::Instant::now() < until {
+                        for _ in 0..10_000 {
+                            spins = std::hint::black_box(spins.wrapping_add(1));
+                        }
+                    }
+                    spins
+                })
+            })
+            .collect();
+        CpuBurner { stop, threads }
+    }
+}
+
+impl Drop for CpuBurner {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}

@@ -213,7 +213,7 @@ impl Acker {
         let done: HashSet<Uuid> = done.into_iter().map(|(id, _)| id).collect();
         let (missing_ids, missing_tokens): (Vec<Uuid>, Vec<Uuid>) =
             ids.iter().zip(&tokens).filter(|(id, _)| !done.contains(id)).unzip();
-        let still_leased: HashSet<Uuid> = if missing_ids.is_empty() {
+        let mut still_leased: HashSet<Uuid> = if missing_ids.is_empty() {
             HashSet::new()
         } else {
             let check = || store::still_leased(&self.pool, &missing_ids, &missing_tokens);
@@ -223,6 +223,13 @@ impl Acker {
                 .into_iter()
                 .collect()
         };
+        // Rows this relay leased again meanwhile (their old lease had expired) are still ours,
+        // under the new token.
+        still_leased.extend(
+            missing_ids.iter().zip(&missing_tokens).filter_map(|(id, token)| {
+                self.held.token(*id).is_some_and(|current| current != *token).then_some(*id)
+            }),
+        );
         let lost = missing_ids.len() - still_leased.len();
         self.count_lost(lost, what);
         self.held.settle(ids.iter().copied().filter(|id| !still_leased.contains(id)));
