@@ -23,13 +23,14 @@
 //! | `FAIL_PERCENT` | 0 | share of attempts that fail, decided from a hash of event id and attempt |
 //! | `POISON_EVERY` | 0 (off) | jobs whose `n` is a multiple of this fail on every attempt |
 //! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
+//! | `HANDLER_TRANSACTIONAL` | 0 | 1: a transactional handler records each delivery in the acknowledgement's transaction |
 //! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
 
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay};
+use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay, TransactionContext};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -96,6 +97,27 @@ async fn run_job(ctx: EventContext<Worker>, job: JobRun) -> Result<(), JobFailed
     if fails {
         return Err(JobFailed(format!("job {} failed on attempt {}", job.job, ctx.attempt())));
     }
+    Ok(())
+}
+
+/// The same job in the acknowledgement's transaction: the record and the acknowledgement commit
+/// together, so each event is recorded exactly once.
+async fn run_job_in_transaction(
+    mut ctx: TransactionContext<Worker>,
+    job: JobRun,
+) -> Result<(), JobFailed> {
+    let worker = ctx.state().clone();
+    if !worker.sleep.is_zero() {
+        tokio::time::sleep(worker.sleep).await;
+    }
+    let (event_id, attempt) = (ctx.event_id(), ctx.attempt());
+    sqlx::query("INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, true)")
+        .bind(event_id)
+        .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+        .bind(worker.pid)
+        .execute(&mut **ctx.tx())
+        .await
+        .map_err(|error| JobFailed(format!("job {}: cannot record: {error}", job.job)))?;
     Ok(())
 }
 
@@ -167,9 +189,13 @@ async fn relay() -> Result<(), String> {
         cap: millis("RELAY_BACKOFF_CAP_MS", 50)?,
         jitter: false,
     };
-    let relay = Relay::builder(pool)
-        .state(worker)
-        .handler(run_job)
+    let builder = Relay::builder(pool).state(worker);
+    let builder = if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
+        builder.transactional_handler(run_job_in_transaction)
+    } else {
+        builder.handler(run_job)
+    };
+    let relay = builder
         .concurrency(setting("RELAY_CONCURRENCY", 16)?)
         .batch_size(setting("RELAY_BATCH_SIZE", 50)?)
         .lease_timeout(millis("RELAY_LEASE_TIMEOUT_MS", 1_000)?)

@@ -43,6 +43,9 @@ struct Entry {
     token: Uuid,
     /// Until when the lease is certainly valid; deliveries watch it.
     deadline: watch::Sender<Instant>,
+    /// A transactional handler's transaction has published the row and holds its lock until it
+    /// commits: no other relay can lease it meanwhile, so the deadline no longer matters.
+    committing: bool,
     finished: bool,
 }
 
@@ -67,7 +70,8 @@ impl Held {
             return None;
         }
         let (sender, receiver) = watch::channel(deadline);
-        leases.insert(event_id, Entry { token, deadline: sender, finished: false });
+        let entry = Entry { token, deadline: sender, committing: false, finished: false };
+        leases.insert(event_id, entry);
         Some(HeldLease { held: self.clone(), event_id, deadline: receiver })
     }
 
@@ -110,6 +114,12 @@ impl Held {
         let sent_at = Instant::now();
         match store::renew(pool, &ids, &tokens, self.0.lease_timeout).await {
             Ok(renewed) => {
+                tracing::debug!(
+                    held = ids.len(),
+                    renewed = renewed.len(),
+                    took = ?sent_at.elapsed(),
+                    "outbox leases renewed"
+                );
                 let tokens: HashMap<Uuid, Uuid> = ids.into_iter().zip(tokens).collect();
                 let deadline = sent_at + self.0.lease_timeout;
                 let leases = self.lock();
@@ -164,6 +174,9 @@ impl HeldLease {
             let deadline = *self.deadline.borrow_and_update();
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => {
+                    if self.committing() {
+                        return std::future::pending().await;
+                    }
                     if Instant::now() >= *self.deadline.borrow() {
                         return;
                     }
@@ -180,6 +193,19 @@ impl HeldLease {
     /// The token to acknowledge under (the row's current one).
     pub(crate) fn token(&self) -> Option<Uuid> {
         self.held.token(self.event_id)
+    }
+
+    /// Whether the row is published in a transaction that holds its lock until it commits:
+    /// then the delivery is no longer cancelled at the deadline (the commit decides).
+    fn committing(&self) -> bool {
+        self.held.lock().get(&self.event_id).is_some_and(|entry| entry.committing)
+    }
+
+    /// Marks the row published in the delivery's own transaction, not yet committed.
+    pub(crate) fn commit_started(&self) {
+        if let Some(entry) = self.held.lock().get_mut(&self.event_id) {
+            entry.committing = true;
+        }
     }
 
     /// The delivery ended: the row now only waits for its acknowledgement, and is still renewed

@@ -136,6 +136,9 @@ where
                 tx.rollback().await?;
                 return Ok(Settled::LeaseLost);
             }
+            // The row is locked by this transaction now: no relay can take it over, however
+            // long the commit takes.
+            lease.lease.commit_started();
             tx.commit().await?;
             Ok(Settled::Published)
         }))

@@ -16,27 +16,21 @@ pub(crate) async fn register_sleeper(
     event_types: Option<&[String]>,
     until: Duration,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let locked: bool = sqlx::query_scalar(
-        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.sleeping_relays', 0))",
-    )
-    .fetch_one(&mut *tx)
-    .await?;
-    if !locked {
-        return Ok(false);
-    }
-    sqlx::query(
+    // One statement, so it is never left half done when the relay stops while it runs: the
+    // lock is taken first and held until the registration commits.
+    let registered: Option<bool> = sqlx::query_scalar(
         "INSERT INTO outbox.sleeping_relays (relay_id, event_types, until) \
-         VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond') \
-         ON CONFLICT (relay_id) DO UPDATE SET event_types = $2, until = excluded.until",
+         SELECT $1, $2, now() + $3::bigint * interval '1 microsecond' \
+         WHERE pg_try_advisory_xact_lock(hashtextextended('outbox.sleeping_relays', 0)) \
+         ON CONFLICT (relay_id) DO UPDATE SET event_types = $2, until = excluded.until \
+         RETURNING true",
     )
     .bind(relay_id)
     .bind(event_types)
     .bind(micros(until))
-    .execute(&mut *tx)
+    .fetch_optional(pool)
     .await?;
-    tx.commit().await?;
-    Ok(true)
+    Ok(registered.is_some())
 }
 
 /// Withdraws a relay's registration: it is awake and looks for rows by itself.
