@@ -53,6 +53,7 @@ fn event_json(event: &DeadEvent) -> Value {
         "aggregate_id": event.aggregate_id,
         "event_type": event.event_type,
         "attempts": event.attempts,
+        "expired_leases": event.expired_leases,
         "created_at": rfc3339(&event.created_at),
         "dead_at": rfc3339(&event.dead_at),
         "last_error": event.last_error,
@@ -141,6 +142,7 @@ fn dead_show(event: &DeadEvent) -> String {
     fields.row(["aggregate id".into(), event.aggregate_id.clone()]);
     fields.row(["event type".into(), event.event_type.clone()]);
     fields.row(["attempts".into(), event.attempts.to_string()]);
+    fields.row(["expired leases".into(), event.expired_leases.to_string()]);
     fields.row(["created at".into(), timestamp(&event.created_at)]);
     fields.row(["dead at".into(), timestamp(&event.dead_at)]);
     let mut text = fields.render();

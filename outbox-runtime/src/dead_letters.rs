@@ -37,10 +37,12 @@ pub struct DeadEvent {
     pub headers: serde_json::Value,
     /// When it was emitted.
     pub created_at: DateTime<Utc>,
-    /// When it exhausted its attempts.
+    /// When it exhausted its attempts or its expired leases.
     pub dead_at: DateTime<Utc>,
-    /// Failed attempts (failures and expired leases).
+    /// Failed deliveries.
     pub attempts: i32,
+    /// Leases that expired before a relay acknowledged the event (counted apart).
+    pub expired_leases: i32,
     /// The last failure's text.
     pub last_error: Option<String>,
 }

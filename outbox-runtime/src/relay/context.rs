@@ -48,7 +48,8 @@ impl<S> EventContext<S> {
         self.headers.get(name)?.as_str()
     }
 
-    /// Which delivery attempt this is, from 1: failures and expired leases before it, plus one.
+    /// Which delivery attempt this is, from 1: failed deliveries and expired leases before it,
+    /// plus one.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

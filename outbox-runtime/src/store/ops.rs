@@ -57,7 +57,7 @@ pub(crate) async fn dead(
 ) -> Result<Vec<DeadEvent>, sqlx::Error> {
     sqlx::query_as(concat!(
         "SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, \
-                dead_at, attempts, last_error \
+                dead_at, attempts, expired_leases, last_error \
          FROM outbox.events WHERE ",
         dead_rows!(),
         " AND ($4::uuid IS NULL OR event_id > $4) ORDER BY event_id LIMIT $5"
