@@ -59,7 +59,16 @@ impl fmt::Display for Failure {
                 write!(f, "the outbox schema is missing: run `outbox migrate`")
             }
             Failure::NoSuchDeadEvent(id) => write!(f, "no dead event with id {id}"),
-            Failure::Outbox(error) => write!(f, "{error}"),
+            Failure::Outbox(error) => {
+                // The outbox's errors keep their cause as `source`: print the whole chain.
+                write!(f, "{error}")?;
+                let mut source = std::error::Error::source(error);
+                while let Some(cause) = source {
+                    write!(f, ": {cause}")?;
+                    source = cause.source();
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -1,15 +1,19 @@
 //! The crate's error types.
 
 /// An error from emitting events, migrating, or running the relay.
+///
+/// Each variant's message says what failed; the underlying error is its
+/// [`source`](std::error::Error::source), not repeated in the message, so error-chain printers
+/// (`anyhow`'s `{:#}`, `tracing`'s error fields) show it once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The database refused a statement or could not be reached.
-    #[error("outbox database error: {0}")]
+    #[error("outbox database error")]
     Database(#[source] sqlx::Error),
 
     /// Applying the outbox migrations failed.
-    #[error("outbox migration failed: {0}")]
+    #[error("outbox migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
     /// The `outbox.events` table does not exist: run [`migrate`](crate::migrate) first.
@@ -17,11 +21,12 @@ pub enum Error {
     SchemaMissing,
 
     /// An event could not be stored; nothing was written.
-    #[error("cannot emit `{event_type}` event: {reason}")]
+    #[error("cannot emit `{event_type}` event")]
     InvalidEvent {
         /// The event type of the rejected event.
         event_type: &'static str,
         /// Why it was rejected.
+        #[source]
         reason: InvalidEvent,
     },
 }
@@ -45,7 +50,7 @@ impl From<sqlx::Error> for Error {
 #[non_exhaustive]
 pub enum InvalidEvent {
     /// The payload did not serialize to JSON (for example a map with non-string keys).
-    #[error("payload does not serialize to JSON: {0}")]
+    #[error("payload does not serialize to JSON")]
     Serialize(#[source] serde_json::Error),
     /// The payload holds a NaN or infinite float, which JSON cannot represent
     /// (`serde_json` would silently write `null`).

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// Retry delays: after the n-th failed attempt, `min(base * 2^n, cap)`, jittered into its upper
-/// half.
+/// Retry delays: after the n-th failed delivery, `min(base * 2^(n-1), cap)`, jittered into its
+/// upper half.
 ///
 /// With the defaults (base 1 s, cap 10 minutes, as the reference design) the retry after the
 /// first failure comes 1–2 s later, after the second 2–4 s, and so on up to 5–10 minutes.
@@ -28,7 +28,8 @@ impl Backoff {
     /// The delay before the next attempt, given the failed deliveries so far (the one just
     /// recorded included).
     pub fn delay(&self, failed_attempts: u32) -> Duration {
-        let factor = 2_u32.checked_pow(failed_attempts).unwrap_or(u32::MAX);
+        let doublings = failed_attempts.saturating_sub(1);
+        let factor = 2_u32.checked_pow(doublings).unwrap_or(u32::MAX);
         let delay = self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap);
         if self.jitter {
             delay.mul_f64(0.5 + fastrand::f64() / 2.0)
@@ -107,7 +108,7 @@ mod tests {
     fn backoff_doubles_up_to_the_cap() {
         let backoff = Backoff { jitter: false, ..Backoff::default() };
         let secs: Vec<u64> = (1..12).map(|n| backoff.delay(n).as_secs()).collect();
-        assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600]);
         assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(600));
     }
 
@@ -115,7 +116,7 @@ mod tests {
     fn jitter_stays_in_the_upper_half() {
         let backoff = Backoff::default();
         for _ in 0..1000 {
-            let delay = backoff.delay(3);
+            let delay = backoff.delay(4);
             assert!(
                 delay >= Duration::from_secs(4) && delay <= Duration::from_secs(8),
                 "{delay:?}"
