@@ -23,12 +23,19 @@ pub struct OutboxStats {
 
 /// Reads [`OutboxStats`]: the totals of [`stats_by_type`], from the same statement.
 pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
-    let by_type = stats_by_type(pool).await?;
-    Ok(OutboxStats {
-        pending: by_type.iter().map(|t| t.pending).sum(),
-        dead: by_type.iter().map(|t| t.dead).sum(),
-        oldest_pending_age: by_type.iter().filter_map(|t| t.oldest_pending_age).max(),
-    })
+    Ok(OutboxStats::total(&stats_by_type(pool).await?))
+}
+
+impl OutboxStats {
+    /// The totals of a [`stats_by_type`] reading, so a report of both shows one consistent
+    /// reading.
+    pub fn total(by_type: &[TypeStats]) -> Self {
+        OutboxStats {
+            pending: by_type.iter().map(|t| t.pending).sum(),
+            dead: by_type.iter().map(|t| t.dead).sum(),
+            oldest_pending_age: by_type.iter().filter_map(|t| t.oldest_pending_age).max(),
+        }
+    }
 }
 
 /// [`OutboxStats`] of one `(aggregate_type, event_type)`.
