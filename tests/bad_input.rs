@@ -28,6 +28,18 @@ async fn count_rows(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()
 }
 
+/// An error and its causes, `: `-separated, as error-chain printers show it.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The SQLSTATE of a database error.
 fn sqlstate(error: &sqlx::Error) -> Option<String> {
     match error {
@@ -412,20 +424,24 @@ async fn wrong_shaped_rows_fail_naming_the_type_while_others_flow(pool: PgPool) 
     let mut good = vec![emit(&mut tx, &emitted(1)).await.unwrap()];
     tx.commit().await.unwrap();
 
-    // Valid jsonb, wrong shape for `ShipmentSent`: (payload, what serde says).
+    // Valid jsonb, wrong shape for `ShipmentSent`: (payload, where, what serde says).
     let garbage = [
-        ("[]", "invalid length 0"),
-        ("null", "invalid type: null"),
-        ("42", "invalid type: integer `42`"),
-        ("\"a string\"", "invalid type: string"),
-        ("true", "invalid type: boolean"),
-        ("{}", "missing field `shipment`"),
-        (r#"{"shipment": "7", "carrier": "x"}"#, "invalid type: string \"7\", expected u64"),
-        (r#"{"shipment": -1, "carrier": "x"}"#, "invalid value: integer `-1`"),
-        (r#"{"shipment": 7, "carrier": ["x"]}"#, "invalid type: sequence"),
+        ("[]", "", "invalid length 0"),
+        ("null", "", "invalid type: null"),
+        ("42", "", "invalid type: integer `42`"),
+        ("\"a string\"", "", "invalid type: string"),
+        ("true", "", "invalid type: boolean"),
+        ("{}", "", "missing field `shipment`"),
+        (
+            r#"{"shipment": "7", "carrier": "x"}"#,
+            " at `shipment`",
+            "invalid type: string \"7\", expected u64",
+        ),
+        (r#"{"shipment": -1, "carrier": "x"}"#, " at `shipment`", "invalid value: integer `-1`"),
+        (r#"{"shipment": 7, "carrier": ["x"]}"#, " at `carrier`", "invalid type: sequence"),
     ];
     let mut bad = Vec::new();
-    for (payload, _) in &garbage {
+    for (payload, ..) in &garbage {
         bad.push(hand_written(&pool, "shipment", "shipment.sent", payload, "{}").await);
     }
     // Right payload, headers of every wrong shape: delivered, headers handed over as stored.
@@ -471,14 +487,13 @@ async fn wrong_shaped_rows_fail_naming_the_type_while_others_flow(pool: PgPool) 
     tokio::time::sleep(Duration::from_millis(200)).await; // time to (wrongly) lease unknown rows
     let counts = relay.stop().await;
 
-    for (id, (payload, serde_says)) in bad.iter().zip(&garbage) {
+    for (id, (payload, at, serde_says)) in bad.iter().zip(&garbage) {
         let row = row_state(&pool, *id).await;
         let error = row.last_error.unwrap();
-        assert!(
-            error.starts_with("payload does not deserialize into `bad_input::ShipmentSent`: "),
-            "{payload}: {error}"
-        );
+        let names = format!("payload does not deserialize into `bad_input::ShipmentSent`{at}: ");
+        assert!(error.starts_with(&names), "{payload}: the type and field are named: {error}");
         assert!(error.contains(serde_says), "{payload}: serde's message is kept: {error}");
+        assert!(!error.contains(" line "), "{payload}: no position in jsonb's text: {error}");
         assert_eq!((row.attempts, row.published), (1, false));
     }
     let seen = seen.lock().unwrap().clone();
@@ -549,7 +564,7 @@ async fn nul_in_header_names_and_keys_is_a_typed_error_and_writes_nothing(pool: 
     let result = emit_all_with(&mut tx, &batch, EmitOptions::new().header("x\0", 1)).await;
     assert!(is_nul_error(&result), "{result:?}");
     let result = emit_with(&mut tx, &note("n"), EmitOptions::new().idempotency_key("k\0")).await;
-    let message = result.unwrap_err().to_string();
+    let message = chain(&result.unwrap_err());
     assert!(message.contains("the idempotency key holds a NUL character"), "{message}");
     // A batch whose last event has a NUL in its aggregate id writes none of them.
     let batch = [note("fine"), note("bad\0id")];
@@ -610,8 +625,10 @@ async fn a_failing_serialize_impl_is_invalid_event_and_the_transaction_commits_t
             }
             other => panic!("expected InvalidEvent::Serialize, got {other:?}"),
         }
-        assert!(err.to_string().contains("cannot emit `trap.sprung` event"), "{err}");
-        assert!(err.to_string().contains("the trap refuses to serialize"), "{err}");
+        let message = chain(&err);
+        assert!(message.starts_with("cannot emit `trap.sprung` event: "), "{message}");
+        assert!(message.contains("the trap refuses to serialize"), "{message}");
+        assert_eq!(message.matches("the trap refuses to serialize").count(), 1, "shown once");
     }
     // In a batch, one failing event refuses the batch.
     let batch = [trap(None, vec![]), trap(Some(Trap), vec![])];

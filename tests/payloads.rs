@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use outbox_runtime::{
-    emit, emit_with, EmitOptions, Error, EventContext, InvalidEvent, OutboxEvent,
+    emit, emit_with, EmitOptions, Error, EventContext, InvalidEvent, OutboxEvent, Relay,
+    RelayBuilder,
 };
-use outbox_runtime::{Relay, RelayBuilder};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde::{Deserialize, Serialize};
