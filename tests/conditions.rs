@@ -80,10 +80,11 @@ async fn rows_locked_by_another_transaction(pool: PgPool, burner: Option<CpuBurn
     assert_eq!(calls.len(), ids.len(), "every event was handled");
     assert!(repeated.is_empty(), "one relay handled events twice: {repeated:?}");
     assert_eq!((counts.delivered, counts.lost_leases), (ids.len() as u64, 0));
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE dead_at IS NOT NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(dead, 0);
 }
 

@@ -225,11 +225,9 @@ impl Acker {
         };
         // Rows this relay leased again meanwhile (their old lease had expired) are still ours,
         // under the new token.
-        still_leased.extend(
-            missing_ids.iter().zip(&missing_tokens).filter_map(|(id, token)| {
-                self.held.token(*id).is_some_and(|current| current != *token).then_some(*id)
-            }),
-        );
+        still_leased.extend(missing_ids.iter().zip(&missing_tokens).filter_map(|(id, token)| {
+            self.held.token(*id).is_some_and(|current| current != *token).then_some(*id)
+        }));
         let lost = missing_ids.len() - still_leased.len();
         self.count_lost(lost, what);
         self.held.settle(ids.iter().copied().filter(|id| !still_leased.contains(id)));

@@ -51,11 +51,7 @@ struct Entry {
 
 impl Held {
     pub(crate) fn new(lease_timeout: Duration) -> Self {
-        Held(Arc::new(Shared {
-            leases: Mutex::default(),
-            lease_timeout,
-            settled: Notify::new(),
-        }))
+        Held(Arc::new(Shared { leases: Mutex::default(), lease_timeout, settled: Notify::new() }))
     }
 
     /// Records a lease whose statement was sent at `sent_at`. Returns the lease to deliver

@@ -152,8 +152,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let gauges = AbortOnDrop(tokio::spawn(metrics::refresh_gauges(relay_pool.clone())));
 
         self.metrics.set_running(true);
-        let mut work =
-            Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks, pace: Pace::default() };
+        let mut work = Work {
+            queue: VecDeque::new(),
+            tasks: JoinSet::new(),
+            held,
+            acks,
+            pace: Pace::default(),
+        };
         let pools = Pools { lease: &lease_pool, relay: &relay_pool };
         let result = self.work(pools, &mut work, &wake, shutdown).await;
         drop(listener);

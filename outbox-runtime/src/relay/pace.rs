@@ -18,17 +18,19 @@ impl Pace {
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
         // Lost updates between racing deliveries only drop a sample.
         let average = self.0.load(Relaxed);
-        let next = if average == 0 {
-            micros
-        } else {
-            average - (average >> SHIFT) + (micros >> SHIFT)
-        };
+        let next =
+            if average == 0 { micros } else { average - (average >> SHIFT) + (micros >> SHIFT) };
         self.0.store(next.max(1), Relaxed);
     }
 
     /// The most rows to lease now: what `concurrency` handlers of the average duration get
     /// through in `horizon`, at least one and at most `batch_size`.
-    pub(crate) fn lease_limit(&self, concurrency: usize, horizon: Duration, batch_size: u32) -> u32 {
+    pub(crate) fn lease_limit(
+        &self,
+        concurrency: usize,
+        horizon: Duration,
+        batch_size: u32,
+    ) -> u32 {
         let average = self.0.load(Relaxed);
         if average == 0 {
             return batch_size; // nothing measured yet

@@ -72,10 +72,8 @@ pub(crate) const RELEASE: &str =
     update_fenced!("lease_token = NULL, available_at = now()", "e.event_id");
 
 /// Pushes the lease deadline of held rows; `$1` ids, `$2` tokens, `$3` lease in microseconds.
-pub(crate) const RENEW: &str = update_fenced!(
-    "available_at = now() + $3::bigint * interval '1 microsecond'",
-    "e.event_id"
-);
+pub(crate) const RENEW: &str =
+    update_fenced!("available_at = now() + $3::bigint * interval '1 microsecond'", "e.event_id");
 
 /// Which of `$1` (ids) are still leased under `$2` (tokens), without locking or waiting.
 pub(crate) const STILL_LEASED: &str =

@@ -190,4 +190,3 @@ pub(crate) async fn lease(
         })
         .collect()
 }
-

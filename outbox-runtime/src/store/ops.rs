@@ -127,10 +127,7 @@ pub(crate) async fn purge_published(
     older_than: Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(PURGE_PUBLISHED)
-    .bind(micros(older_than))
-    .bind(limit)
-    .execute(pool)
-    .await?;
+    let done =
+        sqlx::query(PURGE_PUBLISHED).bind(micros(older_than)).bind(limit).execute(pool).await?;
     Ok(done.rows_affected())
 }
