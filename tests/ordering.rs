@@ -960,12 +960,9 @@ async fn a_transactional_handler_commits_its_writes_with_the_acknowledgement(poo
         Ok(())
     }
     let log = Log::default();
-    let counts = deliver(
-        &pool,
-        fast(Relay::builder(pool.clone())).state(log.clone()).transactional_handler(projects),
-        id,
-    )
-    .await;
+    let counts =
+        deliver(&pool, fast(Relay::builder(pool.clone())).state(log.clone()).handler(projects), id)
+            .await;
 
     assert_eq!(projection(&pool).await, [(id, 1)]);
     assert_eq!(log.len(), 1, "the handler ran once");
@@ -994,9 +991,7 @@ async fn a_failing_transactional_handler_leaves_no_writes(pool: PgPool) {
     let log = Log::default();
     let counts = deliver(
         &pool,
-        fast(Relay::builder(pool.clone()))
-            .state(log.clone())
-            .transactional_handler(writes_then_fails_once),
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(writes_then_fails_once),
         id,
     )
     .await;
@@ -1031,7 +1026,7 @@ async fn a_relay_killed_inside_a_transactional_handler_leaves_no_writes(pool: Pg
     let stall = Stall::default();
     let doomed = Relay::builder(pool.clone())
         .state(stall.clone())
-        .transactional_handler(writes_then_hangs_once)
+        .handler(writes_then_hangs_once)
         .lease_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
@@ -1061,7 +1056,7 @@ async fn a_relay_killed_inside_a_transactional_handler_leaves_no_writes(pool: Pg
     let heir = Running::start(
         fast(Relay::builder(pool.clone()))
             .state(heir_stall.clone())
-            .transactional_handler(writes_then_hangs_once),
+            .handler(writes_then_hangs_once),
     );
     eventually("the heir publishes the event", || async { row_state(&pool, id).await.published })
         .await;
@@ -1095,7 +1090,7 @@ async fn a_transactional_handler_cannot_commit_under_a_stolen_lease(pool: PgPool
     let relay = Running::start(
         fast(Relay::builder(pool.clone()))
             .state(stall.clone())
-            .transactional_handler(writes_then_waits)
+            .handler(writes_then_waits)
             .lease_timeout(Duration::from_secs(30)),
     );
     signalled(&stall.started, "the handler wrote").await;
@@ -1143,9 +1138,7 @@ async fn a_follow_up_event_exists_iff_the_delivery_committed(pool: PgPool) {
     let follow_ups = FollowUps::default();
     let counts = deliver(
         &pool,
-        fast(Relay::builder(pool.clone()))
-            .state(follow_ups.clone())
-            .transactional_handler(emits_follow_up),
+        fast(Relay::builder(pool.clone())).state(follow_ups.clone()).handler(emits_follow_up),
         id,
     )
     .await;

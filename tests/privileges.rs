@@ -401,7 +401,7 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
         fast(Relay::builder(relay_pool.clone()))
             .state(desk.clone())
             .handler(on_placed)
-            .transactional_handler(on_cancelled)
+            .handler(on_cancelled)
             .max_attempts(2)
             .retention(Duration::from_secs(7 * 24 * 3600)),
     );

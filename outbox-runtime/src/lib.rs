@@ -17,9 +17,8 @@ pub use error::{BoxError, Error, InvalidEvent};
 pub use event::OutboxEvent;
 pub use migrate::{migrate, with_outbox_migrations};
 pub use relay::{
-    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerFuture, Relay,
-    RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, TransactionalHandler,
-    UnknownEvents,
+    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, Relay,
+    RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,
 };
 pub use retention::purge_published;
 pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};

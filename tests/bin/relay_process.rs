@@ -191,7 +191,7 @@ async fn relay() -> Result<(), String> {
     };
     let builder = Relay::builder(pool).state(worker);
     let builder = if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
-        builder.transactional_handler(run_job_in_transaction)
+        builder.handler(run_job_in_transaction)
     } else {
         builder.handler(run_job)
     };

@@ -8,8 +8,7 @@ use sqlx::PgPool;
 
 use crate::event::OutboxEvent;
 use crate::relay::config::{Backoff, DeadOrderedEvents, RelayConfig, UnknownEvents};
-use crate::relay::handler::{Handler, Route, Stateless, TypedRoute};
-use crate::relay::transactional::{TransactionalHandler, TransactionalRoute};
+use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::{Relay, Routes};
 
 /// Builds a [`Relay`]; start with [`Relay::builder`].
@@ -87,7 +86,9 @@ impl RelayBuilder<()> {
 }
 
 impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
-    /// Registers `handler` for the event type of its second argument.
+    /// Registers `handler` for the event type of its second argument. A handler whose context
+    /// is a [`TransactionContext`](crate::TransactionContext) writes in the transaction the event
+    /// is acknowledged in: its writes and the acknowledgement commit together, exactly once.
     ///
     /// ```no_run
     /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
@@ -103,22 +104,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// let relay = Relay::builder(pool).handler(on_placed).build()?;
     /// # Ok(()) }
     /// ```
-    pub fn handler<E, H>(self, handler: H) -> Self
-    where
-        E: OutboxEvent + Send + 'static,
-        H: Handler<E, S>,
-    {
-        self.route::<E>(Box::new(TypedRoute::<H, E>::new(handler)))
-    }
-
-    /// Registers a [`TransactionalHandler`]: its writes and the event's acknowledgement
-    /// commit together in one transaction on the builder's pool, so they happen exactly once.
-    pub fn transactional_handler<E, H>(self, handler: H) -> Self
-    where
-        E: OutboxEvent + Send + 'static,
-        H: TransactionalHandler<E, S>,
-    {
-        self.route::<E>(Box::new(TransactionalRoute(TypedRoute::<H, E>::new(handler))))
+    pub fn handler<M, H: Handler<M, S>>(self, handler: H) -> Self {
+        self.route::<H::Event>(handler.into_route().0)
     }
 
     fn route<E: OutboxEvent>(mut self, route: Box<dyn Route<S>>) -> Self {

@@ -3,7 +3,14 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::relay::handler::RowMeta;
+/// What the relay knows of a leased row besides its payload.
+pub(crate) struct RowMeta {
+    pub(crate) event_id: Uuid,
+    pub(crate) aggregate_id: String,
+    pub(crate) headers: serde_json::Value,
+    pub(crate) attempt: u32,
+    pub(crate) created_at: DateTime<Utc>,
+}
 
 /// The delivery context handed to a handler with its event: ids, headers, attempt number and
 /// the relay's shared state.

@@ -11,7 +11,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
 use crate::relay::acker::{Ack, Outcome};
-use crate::relay::handler::{DeliveryLease, Route, RowMeta, Settled};
+use crate::relay::context::RowMeta;
+use crate::relay::handler::{DeliveryLease, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::Pace;

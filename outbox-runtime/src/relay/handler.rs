@@ -1,101 +1,96 @@
 //! Typed handlers outside, one erased route per event type inside.
+//!
+//! One [`Handler`] trait with one blanket impl: the handler's context type chooses how it is
+//! delivered ([`HandlerContext`]: plain with `EventContext`, or in the acknowledgement's
+//! transaction with `TransactionContext`, in `transactional.rs`). A single impl lets rustc pick
+//! it before checking the rest, so a wrong event, future or context type gets its own precise
+//! error instead of a bare "not a handler".
 
-use std::any::type_name;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 
-use chrono::{DateTime, Utc};
-use uuid::Uuid;
-
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
-use crate::relay::context::EventContext;
+use crate::relay::context::{EventContext, RowMeta};
+use crate::relay::decode::{decode, DecodeError};
 use crate::relay::held::HeldLease;
 
-/// A boxed handler future.
-pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'static>>;
-
-/// An async function that handles one event type: `async fn(EventContext<S>, E) -> Result<(), Err>`.
+/// An async function that handles one event type, found from its arguments:
+/// `async fn(EventContext<S>, E) -> Result<(), Err>`, or, to write in the transaction the
+/// event is acknowledged in, `async fn(TransactionContext<S>, E) -> Result<(), Err>`.
 ///
 /// Implemented for every such function and closure where `E` is an [`OutboxEvent`] and `Err`
 /// converts into [`BoxError`] (any `std::error::Error + Send + Sync + 'static`, or
-/// `anyhow::Error`). The relay finds the event type from `E`, so it is never spelled twice.
+/// `anyhow::Error`). The relay finds the event type from `E`, so it is never spelled twice. `M`
+/// is a marker, `(context, event)`, that tells the two kinds apart; it is always inferred.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an outbox handler",
     label = "expected `async fn(EventContext<S>, E) -> Result<(), Err>`",
-    note = "a handler takes the context and the event, `async fn(ctx: EventContext<S>, event: E) -> Result<(), Err>`, \
+    note = "a handler takes the context and the event, `async fn(ctx: EventContext<S>, event: E) -> Result<(), Err>` \
+            (or `TransactionContext<S>` to write in the acknowledgement's transaction), \
             where `E: OutboxEvent`, `Err: Into<BoxError>` (e.g. any `std::error::Error + Send + Sync + 'static`), \
             `S` is the relay's state type (`()` if none), and the future is `Send`"
 )]
-pub trait Handler<E, S>: Clone + Send + Sync + 'static {
-    /// Runs the handler.
-    fn call(&self, ctx: EventContext<S>, event: E) -> HandlerFuture;
+pub trait Handler<M, S>: Clone + Send + Sync + 'static {
+    /// The event type the handler takes.
+    type Event: OutboxEvent;
+
+    /// The handler behind the relay's erased route. Not for applications.
+    #[doc(hidden)]
+    fn into_route(self) -> ErasedRoute<S>;
 }
 
-impl<F, Fut, E, S, Err> Handler<E, S> for F
+impl<F, Fut, C, E, S, Err> Handler<(C, E), S> for F
 where
-    F: Fn(EventContext<S>, E) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(C, E) -> Fut + Clone + Send + Sync + 'static,
+    C: HandlerContext<S>,
+    E: OutboxEvent + Send + 'static,
     Fut: Future<Output = Result<(), Err>> + Send + 'static,
     Err: Into<BoxError>,
 {
-    fn call(&self, ctx: EventContext<S>, event: E) -> HandlerFuture {
-        let future = self(ctx, event);
-        Box::pin(async move { future.await.map_err(Into::into) })
+    type Event = E;
+
+    fn into_route(self) -> ErasedRoute<S> {
+        C::route(self)
     }
 }
 
-/// What the relay knows of a leased row besides its payload.
-pub(crate) struct RowMeta {
-    pub(crate) event_id: Uuid,
-    pub(crate) aggregate_id: String,
-    pub(crate) headers: serde_json::Value,
-    pub(crate) attempt: u32,
-    pub(crate) created_at: DateTime<Utc>,
+/// The first argument of a [`Handler`]: [`EventContext<S>`], or
+/// [`TransactionContext<S>`](crate::TransactionContext) to write in the transaction the event is
+/// acknowledged in. `S` is the relay's state type. Implemented by those two only.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the context of a handler on a relay with state `{S}`",
+    label = "expected `EventContext<{S}>` or `TransactionContext<{S}>`",
+    note = "a handler's first argument is `EventContext<S>`, or `TransactionContext<S>` to write in the \
+            acknowledgement's transaction, where `S` is the type given to `RelayBuilder::state` (`()` if none)"
+)]
+pub trait HandlerContext<S>: Sized + Send + 'static {
+    /// The route that delivers to `handler` with this context. Not for applications.
+    #[doc(hidden)]
+    fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
+    where
+        F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
+        E: OutboxEvent + Send + 'static,
+        Fut: Future<Output = Result<(), Err>> + Send + 'static,
+        Err: Into<BoxError>;
 }
 
-/// The payload did not deserialize into the handler's event type.
-///
-/// Reads ``payload does not deserialize into `shop::OrderPlaced` at `items[2].qty`: invalid type:
-/// string "heavy", expected u32``: the Rust type, the path of the field that failed (left out
-/// when the payload as a whole is wrong, e.g. `missing field` at the top), and serde's message
-/// without `serde_json`'s `at line N column M`, which counts columns of `jsonb`'s re-formatted
-/// text rather than anything the producer wrote.
-#[derive(Debug)]
-pub(crate) struct DecodeError {
-    type_name: &'static str,
-    /// The failing field's path (`items[2].qty`); empty at the top level.
-    path: String,
-    message: String,
-}
-
-impl DecodeError {
-    /// `path` is where `error` happened (`""` at the top level).
-    fn new<E>(path: String, error: &serde_json::Error) -> Self {
-        let mut message = error.to_string();
-        // serde_json's `Display` is `{message} at line {line} column {column}` unless line is 0;
-        // it has no accessor for the message alone.
-        if error.line() != 0 {
-            let position = format!(" at line {} column {}", error.line(), error.column());
-            if let Some(alone) = message.strip_suffix(&position) {
-                message.truncate(alone.len());
-            }
-        }
-        DecodeError { type_name: type_name::<E>(), path, message }
+impl<S: Send + 'static> HandlerContext<S> for EventContext<S> {
+    fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
+    where
+        F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
+        E: OutboxEvent + Send + 'static,
+        Fut: Future<Output = Result<(), Err>> + Send + 'static,
+        Err: Into<BoxError>,
+    {
+        ErasedRoute(Box::new(PlainRoute { handler, _event: PhantomData }))
     }
 }
 
-impl std::fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "payload does not deserialize into `{}`", self.type_name)?;
-        if !self.path.is_empty() {
-            write!(f, " at `{}`", self.path)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for DecodeError {}
+/// A handler erased behind [`Route`]; opaque outside the crate.
+#[doc(hidden)]
+pub struct ErasedRoute<S>(pub(crate) Box<dyn Route<S>>);
 
 /// How a delivery that did not fail ended.
 pub(crate) enum Settled {
@@ -128,47 +123,17 @@ pub(crate) trait Route<S>: Send + Sync {
     ) -> Result<RouteFuture, DecodeError>;
 }
 
-/// Decodes a payload into the handler's event type.
-///
-/// `jsonb` prints numbers in plain decimal (`1e308` as a 309-digit integer, `5e-324` as 324
-/// decimals): `serde_json`'s `float_roundtrip` feature (set in the workspace) parses those to the
-/// exact `f64` that was emitted, where its default parser is up to 3 ulps off for a fifth of all
-/// finite bit patterns (huge and tiny magnitudes) and refuses `f64::MAX` as out of range.
-///
-/// Tracking the path of every field as it decodes (`serde_path_to_error`) about doubles the cost
-/// of a decode (0.41 -> 0.76 us for a small order, 13.5 -> 25.2 us with 100 items), so only a
-/// payload that failed is decoded a second time, tracked, to name the field.
-pub(crate) fn decode<E: OutboxEvent>(payload: &str) -> Result<E, DecodeError> {
-    serde_json::from_str(payload).map_err(|untracked| {
-        let mut deserializer = serde_json::Deserializer::from_str(payload);
-        match serde_path_to_error::deserialize::<_, E>(&mut deserializer) {
-            Err(tracked) => {
-                // `Path` displays the top level as `.`; the message leaves it out instead.
-                let path = tracked.path();
-                let path = if path.iter().len() == 0 { String::new() } else { path.to_string() };
-                DecodeError::new::<E>(path, tracked.inner())
-            }
-            // Only trailing text fails the untracked decode alone (`jsonb` writes none).
-            Ok(_) => DecodeError::new::<E>(String::new(), &untracked),
-        }
-    })
+/// A plain handler and the event type it takes.
+struct PlainRoute<F, E> {
+    handler: F,
+    _event: PhantomData<fn() -> E>,
 }
 
-/// A typed handler and the event type it takes, erased behind [`Route`].
-pub(crate) struct TypedRoute<H, E> {
-    pub(crate) handler: H,
-    pub(crate) _event: PhantomData<fn() -> E>,
-}
-
-impl<H, E> TypedRoute<H, E> {
-    pub(crate) fn new(handler: H) -> Self {
-        Self { handler, _event: PhantomData }
-    }
-}
-
-impl<H, E, S> Route<S> for TypedRoute<H, E>
+impl<F, Fut, E, S, Err> Route<S> for PlainRoute<F, E>
 where
-    H: Handler<E, S>,
+    F: Fn(EventContext<S>, E) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), Err>> + Send + 'static,
+    Err: Into<BoxError>,
     E: OutboxEvent,
     S: Send + 'static,
 {
@@ -179,8 +144,8 @@ where
         payload: &str,
         _: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
-        let handling = self.handler.call(EventContext::new(state, meta), decode(payload)?);
-        Ok(Box::pin(async move { handling.await.map(|()| Settled::Handled) }))
+        let handling = (self.handler)(EventContext::new(state, meta), decode(payload)?);
+        Ok(Box::pin(async move { handling.await.map(|()| Settled::Handled).map_err(Into::into) }))
     }
 }
 
@@ -196,69 +161,5 @@ impl<S> Route<S> for Stateless {
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
         self.0.call((), meta, payload, lease)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde::{Deserialize, Serialize};
-
-    use super::*;
-
-    #[derive(Debug, PartialEq, Serialize, Deserialize)]
-    struct Order {
-        items: Vec<Item>,
-    }
-
-    #[derive(Debug, PartialEq, Serialize, Deserialize)]
-    struct Item {
-        qty: u32,
-    }
-
-    impl OutboxEvent for Order {
-        const AGGREGATE_TYPE: &'static str = "order";
-        const EVENT_TYPE: &'static str = "order.placed";
-        fn aggregate_id(&self) -> String {
-            String::new()
-        }
-    }
-
-    fn decode_error(payload: &str) -> String {
-        decode::<Order>(payload).unwrap_err().to_string()
-    }
-
-    #[test]
-    fn decodes_a_payload_that_fits() {
-        let order = decode::<Order>(r#"{"items": [{"qty": 1}]}"#).unwrap();
-        assert_eq!(order, Order { items: vec![Item { qty: 1 }] });
-    }
-
-    #[test]
-    fn names_the_type_and_the_failing_field_without_a_text_position() {
-        let payload = r#"{"items": [{"qty": 1}, {"qty": 2}, {"qty": "heavy"}]}"#;
-        assert_eq!(
-            decode_error(payload),
-            format!(
-                "payload does not deserialize into `{}` at `items[2].qty`: \
-                 invalid type: string \"heavy\", expected u32",
-                type_name::<Order>()
-            )
-        );
-        let missing = decode_error(r#"{"items": [{"qty": 1}, {}]}"#);
-        assert!(missing.ends_with("` at `items[1]`: missing field `qty`"), "{missing}");
-    }
-
-    #[test]
-    fn leaves_the_path_out_at_the_top_level() {
-        let prefix = format!("payload does not deserialize into `{}`: ", type_name::<Order>());
-        for (payload, message) in [
-            ("{}", "missing field `items`"),
-            ("[]", "invalid length 0, expected struct Order with 1 element"),
-            ("42", "invalid type: integer `42`, expected struct Order"),
-            // Only the untracked decode sees trailing text: its message is kept.
-            (r#"{"items": []} x"#, "trailing characters"),
-        ] {
-            assert_eq!(decode_error(payload), format!("{prefix}{message}"), "{payload}");
-        }
     }
 }

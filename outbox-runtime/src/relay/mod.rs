@@ -9,6 +9,7 @@ mod acker;
 mod builder;
 mod config;
 mod context;
+mod decode;
 mod deliver;
 mod handler;
 mod held;
@@ -42,9 +43,9 @@ use pace::Pace;
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
 pub use context::EventContext;
-pub use handler::{Handler, HandlerFuture};
+pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
-pub use transactional::{TransactionContext, TransactionalHandler};
+pub use transactional::TransactionContext;
 
 /// Most finished deliveries waiting for their acknowledgement before the relay stops leasing:
 /// when acknowledgements lag, the relay does not take more rows than it can acknowledge.

@@ -1,7 +1,13 @@
 //! Transactional handlers: the handler's writes and the event's acknowledgement commit in one
 //! transaction, so a database effect happens exactly once.
+//!
+//! A handler whose context is a [`TransactionContext`] is one: the relay begins a transaction on
+//! the builder's pool, hands it to the handler through [`TransactionContext::tx`], and when the
+//! handler returns `Ok`, marks the event published in that same transaction (fenced by the lease
+//! like every acknowledgement) and commits.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::ops::Deref;
 
 use sqlx::{Postgres, Transaction};
@@ -9,44 +15,12 @@ use tokio::sync::oneshot;
 
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
-use crate::relay::context::EventContext;
+use crate::relay::context::{EventContext, RowMeta};
+use crate::relay::decode::{decode, DecodeError};
 use crate::relay::handler::{
-    decode, DecodeError, DeliveryLease, HandlerFuture, Route, RouteFuture, RowMeta, Settled,
-    TypedRoute,
+    DeliveryLease, ErasedRoute, HandlerContext, Route, RouteFuture, Settled,
 };
 use crate::store;
-
-/// An async function that handles one event type inside a transaction the relay opens:
-/// `async fn(TransactionContext<S>, E) -> Result<(), Err>`.
-///
-/// The relay begins a transaction on the builder's pool, hands it to the handler through
-/// [`TransactionContext::tx`], and when the handler returns `Ok`, marks the event published in
-/// that same transaction (fenced by the lease like every acknowledgement) and commits. If the
-/// handler fails, the acknowledgement is refused, or the relay dies, neither the handler's writes
-/// nor the acknowledgement commit. A projection updated this way is updated exactly once.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a transactional outbox handler",
-    label = "expected `async fn(TransactionContext<S>, E) -> Result<(), Err>`",
-    note = "a transactional handler takes the context, which owns the transaction, and the event: \
-            `async fn(mut ctx: TransactionContext<S>, event: E) -> Result<(), Err>`, \
-            where `E: OutboxEvent` and `Err: Into<BoxError>`"
-)]
-pub trait TransactionalHandler<E, S>: Clone + Send + Sync + 'static {
-    /// Runs the handler.
-    fn call(&self, ctx: TransactionContext<S>, event: E) -> HandlerFuture;
-}
-
-impl<F, Fut, E, S, Err> TransactionalHandler<E, S> for F
-where
-    F: Fn(TransactionContext<S>, E) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), Err>> + Send + 'static,
-    Err: Into<BoxError>,
-{
-    fn call(&self, ctx: TransactionContext<S>, event: E) -> HandlerFuture {
-        let future = self(ctx, event);
-        Box::pin(async move { future.await.map_err(Into::into) })
-    }
-}
 
 /// The context of a transactional handler: everything [`EventContext`] has (through `Deref`),
 /// plus the transaction the event is acknowledged in.
@@ -98,12 +72,31 @@ impl<S> Drop for TransactionContext<S> {
     }
 }
 
-/// A transactional handler and its event type, erased behind [`Route`].
-pub(crate) struct TransactionalRoute<H, E>(pub(crate) TypedRoute<H, E>);
+impl<S: Send + 'static> HandlerContext<S> for TransactionContext<S> {
+    fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
+    where
+        F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
+        E: OutboxEvent + Send + 'static,
+        Fut: Future<Output = Result<(), Err>> + Send + 'static,
+        Err: Into<BoxError>,
+    {
+        ErasedRoute(Box::new(TransactionalRoute { handler, _event: PhantomData }))
+    }
+}
 
-impl<H, E, S> Route<S> for TransactionalRoute<H, E>
+/// A transactional handler and the event type it takes. If the handler fails, the
+/// acknowledgement is refused, or the relay dies, neither the handler's writes nor the
+/// acknowledgement commit.
+struct TransactionalRoute<F, E> {
+    handler: F,
+    _event: PhantomData<fn() -> E>,
+}
+
+impl<F, Fut, E, S, Err> Route<S> for TransactionalRoute<F, E>
 where
-    H: TransactionalHandler<E, S>,
+    F: Fn(TransactionContext<S>, E) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), Err>> + Send + 'static,
+    Err: Into<BoxError>,
     E: OutboxEvent + Send + 'static,
     S: Send + 'static,
 {
@@ -115,7 +108,7 @@ where
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
         let event: E = decode(payload)?;
-        let handler = self.0.handler.clone();
+        let handler = self.handler.clone();
         Ok(Box::pin(async move {
             let tx = lease.pool.begin().await?;
             let (back, returned) = oneshot::channel();
@@ -126,7 +119,7 @@ where
             };
             // On failure the context was dropped with the handler's future: the transaction
             // comes back below, or was dropped, and rolls back either way.
-            handler.call(ctx, event).await?;
+            handler(ctx, event).await.map_err(Into::<BoxError>::into)?;
             let mut tx = returned.await.map_err(|_| "the handler's transaction was lost")?;
             let published = match lease.lease.token() {
                 Some(token) => store::publish_in(&mut tx, lease.lease.event_id(), token).await?,
