@@ -38,15 +38,48 @@ impl Database {
     }
 }
 
+/// What the planner knows of the outbox when a drain starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Stats {
+    /// `VACUUM ANALYZE` after filling, as every other workload leaves it.
+    Vacuumed,
+    /// Autovacuum off and `ANALYZE` while the table was empty, nothing after filling: the
+    /// planner believes the outbox is empty, as it may when a relay starts after an outage.
+    Empty,
+    /// As [`Stats::Empty`], then `ANALYZE` after filling: the same table with fresh statistics.
+    Analyzed,
+}
+
 /// Commits `events` events with `emit_all`, 1,000 per transaction, then vacuums.
 pub async fn backlog<E: OutboxEvent>(pool: &PgPool, events: usize, make: impl Fn(usize) -> E) {
+    backlog_with(pool, events, make, Stats::Vacuumed).await;
+}
+
+/// [`backlog`] with the table statistics left as `stats` says.
+pub async fn backlog_with<E: OutboxEvent>(
+    pool: &PgPool,
+    events: usize,
+    make: impl Fn(usize) -> E,
+    stats: Stats,
+) {
+    if stats != Stats::Vacuumed {
+        sqlx::query("ALTER TABLE outbox.events SET (autovacuum_enabled = false)")
+            .execute(pool)
+            .await
+            .unwrap();
+        analyze(pool).await;
+    }
     for start in (0..events).step_by(1_000) {
         let batch: Vec<E> = (start..events.min(start + 1_000)).map(&make).collect();
         let mut tx = pool.begin().await.unwrap();
         outbox_runtime::emit_all(&mut tx, &batch).await.unwrap();
         tx.commit().await.unwrap();
     }
-    vacuum(pool).await;
+    match stats {
+        Stats::Vacuumed => vacuum(pool).await,
+        Stats::Empty => {}
+        Stats::Analyzed => analyze(pool).await,
+    }
 }
 
 /// `rows` published events of another type, as years of history would leave them.
@@ -71,4 +104,8 @@ pub async fn history(pool: &PgPool, rows: usize) {
 
 pub async fn vacuum(pool: &PgPool) {
     sqlx::query("VACUUM ANALYZE outbox.events").execute(pool).await.unwrap();
+}
+
+async fn analyze(pool: &PgPool) {
+    sqlx::query("ANALYZE outbox.events").execute(pool).await.unwrap();
 }

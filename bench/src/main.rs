@@ -3,10 +3,10 @@
 //!
 //! `cargo run --release -p outbox-bench` prints a Markdown table of medians over `--runs`
 //! (default 3); `--json` prints the medians as JSON instead; `--quick` shrinks every size for a
-//! smoke run; `--skip-heavy` leaves out the 5-million-row history and the 1-million-event
-//! memory workloads; `--only emit,drain,...` runs just the named workloads (emit, drain,
-//! ordering, baselines, steady, history, memory). Ratios are computed within each run, then
-//! their median is reported.
+//! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
+//! and the 200,000-event stale-statistics drain workloads; `--only emit,drain,...` runs just the
+//! named workloads (emit, drain, drain_stale, drain_stale_big, ordering, baselines, steady,
+//! history, memory). Ratios are computed within each run, then their median is reported.
 
 mod baseline;
 mod db;
@@ -18,7 +18,7 @@ mod relay;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use db::Database;
+use db::{Database, Stats};
 use events::{credited, posted};
 use relay::Setup;
 
@@ -34,7 +34,7 @@ struct Args {
 impl Args {
     /// Whether the workload `name` runs (`--only` names a subset; heavy ones can be skipped).
     fn runs(&self, name: &str) -> bool {
-        let heavy = matches!(name, "history" | "memory");
+        let heavy = matches!(name, "history" | "memory" | "drain_stale_big");
         self.only.as_ref().map_or(!heavy || self.heavy, |only| only.iter().any(|o| o == name))
     }
 }
@@ -42,6 +42,7 @@ impl Args {
 struct Sizes {
     drain: usize,
     big_drain: usize,
+    stale_big_drain: usize,
     history: usize,
     memory: usize,
     seconds: u64,
@@ -104,11 +105,19 @@ async fn main() {
     }
     let args = args();
     let sizes = if args.quick {
-        Sizes { drain: 5_000, big_drain: 20_000, history: 200_000, memory: 50_000, seconds: 2 }
+        Sizes {
+            drain: 5_000,
+            big_drain: 20_000,
+            stale_big_drain: 20_000,
+            history: 200_000,
+            memory: 50_000,
+            seconds: 2,
+        }
     } else {
         Sizes {
             drain: 20_000,
             big_drain: 100_000,
+            stale_big_drain: 200_000,
             history: 5_000_000,
             memory: 1_000_000,
             seconds: 5,
@@ -138,18 +147,19 @@ async fn main() {
 
         // 2. drain; duplicate handler calls are summed over every drain of the run.
         let duplicates = std::cell::Cell::new(0);
-        let drain = async |events, setup: Setup| {
+        let drain_with = async |events, setup: Setup, stats| {
             let db = Database::fresh(&args.url, "drain").await;
             if setup.ordered {
-                db::backlog(&db.pool, events, posted).await;
+                db::backlog_with(&db.pool, events, posted, stats).await;
             } else {
-                db::backlog(&db.pool, events, credited).await;
+                db::backlog_with(&db.pool, events, credited, stats).await;
             }
             let drained = relay::drain(&db.pool, events, setup).await;
             db.drop().await;
             duplicates.set(duplicates.get() + drained.duplicates);
             drained.events_per_second
         };
+        let drain = async |events, setup| drain_with(events, setup, Stats::Vacuumed).await;
         // The reference point of the ratios below.
         let mut c16 = f64::NAN;
         if ["drain", "ordering", "baselines", "history"].iter().any(|w| args.runs(w)) {
@@ -165,6 +175,31 @@ async fn main() {
             // for fewer lease statements: measured apart from the defaults.
             let batch300 = drain(sizes.drain, Setup { batch_size: 300, ..c(1, 16) }).await;
             s.add("drain c16 batch 300", batch300);
+        }
+        // Statistics taken while the outbox was empty (autovacuum off), against the same drain
+        // with the table analyzed after filling; one relay with the default settings. The two
+        // take turns going first, so neither always follows the previous workload's cleanup.
+        let stale = [
+            ("drain_stale", sizes.drain, ["drain stale", "drain analyzed", "stale vs analyzed"]),
+            (
+                "drain_stale_big",
+                sizes.stale_big_drain,
+                ["drain big stale", "drain big analyzed", "big stale vs analyzed"],
+            ),
+        ];
+        for (workload, events, [empty, analyzed, ratio]) in stale {
+            if args.runs(workload) {
+                let (with_empty, with_fresh) = if run % 2 == 1 {
+                    let with_empty = drain_with(events, c(1, 16), Stats::Empty).await;
+                    (with_empty, drain_with(events, c(1, 16), Stats::Analyzed).await)
+                } else {
+                    let with_fresh = drain_with(events, c(1, 16), Stats::Analyzed).await;
+                    (drain_with(events, c(1, 16), Stats::Empty).await, with_fresh)
+                };
+                s.add(empty, with_empty);
+                s.add(analyzed, with_fresh);
+                s.add(ratio, with_empty / with_fresh);
+            }
         }
 
         // 4. ordering
@@ -219,7 +254,7 @@ async fn main() {
             s.add("drain with history c16", rate);
             s.add("history vs empty", rate / c16);
         }
-        if !c16.is_nan() {
+        if !c16.is_nan() || stale.iter().any(|(w, ..)| args.runs(w)) {
             s.add("drain duplicates", duplicates.get() as f64);
         }
     }
@@ -293,6 +328,29 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             format!("drain {}, 1 relay, concurrency 16", sizes.big_drain),
             format!("{:.0} events/s", m("drain big c16")),
             String::new(),
+        ),
+        (
+            format!("drain {d}, 1 relay, empty-table statistics vs analyzed after filling"),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("stale vs analyzed"),
+                m("drain stale"),
+                m("drain analyzed")
+            ),
+            target(m("stale vs analyzed") >= 0.9, "≥ 0.9x"),
+        ),
+        (
+            format!(
+                "drain {}, 1 relay, empty-table statistics vs analyzed after filling",
+                sizes.stale_big_drain
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("big stale vs analyzed"),
+                m("drain big stale"),
+                m("drain big analyzed")
+            ),
+            target(m("big stale vs analyzed") >= 0.9, "≥ 0.9x"),
         ),
         (
             "duplicate handler calls, every drain of a run together".into(),
