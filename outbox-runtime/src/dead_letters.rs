@@ -12,40 +12,12 @@
 //! # Ok(()) }
 //! ```
 
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::Error;
+pub use crate::store::DeadEvent;
 use crate::store::{self, DeadSelection};
-
-/// A dead event, with what an operator needs to decide its fate.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-#[non_exhaustive]
-pub struct DeadEvent {
-    /// The event's id.
-    pub event_id: Uuid,
-    /// The aggregate type.
-    pub aggregate_type: String,
-    /// The aggregate id.
-    pub aggregate_id: String,
-    /// The event type.
-    pub event_type: String,
-    /// The payload as stored.
-    pub payload: serde_json::Value,
-    /// The headers as stored.
-    pub headers: serde_json::Value,
-    /// When it was emitted.
-    pub created_at: DateTime<Utc>,
-    /// When it exhausted its attempts or its expired leases.
-    pub dead_at: DateTime<Utc>,
-    /// Failed deliveries.
-    pub attempts: i32,
-    /// Leases that expired before a relay acknowledged the event (counted apart).
-    pub expired_leases: i32,
-    /// The last failure's text.
-    pub last_error: Option<String>,
-}
 
 /// Which dead events an operation applies to: all of them, narrowed by the given fields.
 /// There is deliberately no `Default`: acting on every dead event is spelled [`DeadFilter::all`].

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, InvalidEvent};
 use crate::event::OutboxEvent;
+use crate::store::Available;
 use crate::{json, store};
 
 /// Writes `event` into the outbox as part of `tx` and returns its event id.
@@ -131,18 +132,6 @@ pub struct EmitOptions {
     headers: Map<String, Value>,
     available: Available,
     idempotency_key: Option<String>,
-}
-
-/// When an emitted event becomes deliverable.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) enum Available {
-    /// At the emitting transaction's start time (`now()`).
-    #[default]
-    Now,
-    /// That long after `now()`, measured by the database clock.
-    After(Duration),
-    /// At that instant.
-    At(DateTime<Utc>),
 }
 
 impl EmitOptions {

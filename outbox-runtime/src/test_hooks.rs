@@ -35,7 +35,7 @@ pub mod steps {
     use sqlx::PgPool;
     use uuid::Uuid;
 
-    use crate::store::{self, Failures, LeaseFilter, LeaseRequest};
+    use crate::store::{self, Failures, LeasePlan, LeaseTypes};
 
     /// A leased row: `(event id, token, attempts, expired leases, died on expiry)`.
     pub type Leased = (Uuid, Uuid, i32, i32, bool);
@@ -52,17 +52,13 @@ pub mod steps {
     ) -> Result<Vec<Leased>, sqlx::Error> {
         let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
             types.iter().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
-        let request = LeaseRequest {
-            limit,
+        let plan = LeasePlan {
+            types: LeaseTypes::Only { aggregate_types, event_types },
             lease_timeout,
             max_expired_leases,
             skip_dead_ordered,
-            filter: LeaseFilter::Only {
-                aggregate_types: &aggregate_types,
-                event_types: &event_types,
-            },
         };
-        let rows = store::lease(pool, request).await?;
+        let rows = store::lease(pool, &plan, limit).await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.event_id, r.lease_token, r.attempts, r.expired_leases, r.died))
@@ -86,7 +82,7 @@ pub mod steps {
         let mut failures = Failures::default();
         failures.push(event_id, token, error.to_owned(), retry_in);
         let recorded = store::fail(pool, &failures, max_attempts).await?;
-        Ok(recorded.first().map(|f| f.dead))
+        Ok(recorded.first().map(|&(_, dead)| dead))
     }
 
     /// Hands a row back under `token`; whether the lease was still valid.

@@ -158,8 +158,7 @@ impl Acker {
                         failures.push(ack.event_id, token, error.clone(), retry_in);
                     }
                 }
-                let done = store::fail(pool, &failures, max_attempts).await?;
-                Ok(done.into_iter().map(|f| (f.event_id, f.dead)).collect())
+                store::fail(pool, &failures, max_attempts).await
             })
             .await;
         for ack in &written.done {

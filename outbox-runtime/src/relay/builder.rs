@@ -9,7 +9,9 @@ use sqlx::PgPool;
 use crate::event::OutboxEvent;
 use crate::relay::config::{Backoff, DeadOrderedEvents, RelayConfig, UnknownEvents};
 use crate::relay::handler::{Handler, Route, Stateless};
-use crate::relay::{Relay, Routes};
+use crate::relay::metrics::RelayMetrics;
+use crate::relay::{Plan, Relay, Routes};
+use crate::store::{LeasePlan, LeaseTypes};
 
 /// Builds a [`Relay`]; start with [`Relay::builder`].
 #[must_use = "a builder does nothing until `build` is called"]
@@ -215,14 +217,16 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         if config.batch_size == 0 {
             return Err(BuildError::InvalidSetting("batch_size must be at least 1"));
         }
-        if config.max_attempts == 0 || i32::try_from(config.max_attempts).is_err() {
-            return Err(BuildError::InvalidSetting("max_attempts must be between 1 and i32::MAX"));
-        }
-        if config.max_expired_leases == 0 || i32::try_from(config.max_expired_leases).is_err() {
-            return Err(BuildError::InvalidSetting(
-                "max_expired_leases must be between 1 and i32::MAX",
-            ));
-        }
+        let positive_i32 = |n: u32, error| match i32::try_from(n) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(BuildError::InvalidSetting(error)),
+        };
+        let max_attempts =
+            positive_i32(config.max_attempts, "max_attempts must be between 1 and i32::MAX")?;
+        let max_expired_leases = positive_i32(
+            config.max_expired_leases,
+            "max_expired_leases must be between 1 and i32::MAX",
+        )?;
         if config.lease_timeout < Duration::from_millis(100) {
             return Err(BuildError::InvalidSetting("lease_timeout must be at least 100 ms"));
         }
@@ -247,6 +251,35 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             }
             routes.insert(key, Arc::from(handler.route));
         }
-        Ok(Relay::new(self.pool, self.state, routes, config))
+
+        // Decided once here, not in the loop: which rows every lease asks for, and which
+        // wake-ups a sleeping relay wants.
+        let (types, wakes_for) = match config.unknown_events {
+            UnknownEvents::LeaveForOthers => {
+                let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
+                    routes.keys().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
+                let wakes_for = Some(event_types.clone());
+                (LeaseTypes::Only { aggregate_types, event_types }, wakes_for)
+            }
+            UnknownEvents::Fail => (LeaseTypes::All, None),
+        };
+        let plan = Plan {
+            lease: LeasePlan {
+                types,
+                lease_timeout: config.lease_timeout,
+                max_expired_leases,
+                skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
+            },
+            wakes_for,
+            max_attempts,
+        };
+        Ok(Relay {
+            pool: self.pool,
+            state: self.state,
+            routes,
+            config,
+            plan,
+            metrics: RelayMetrics::default(),
+        })
     }
 }

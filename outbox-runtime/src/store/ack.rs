@@ -15,10 +15,10 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::micros;
+use super::{micros, Query, Rows, Scalar};
 
 /// The `ctid`s of the rows `$1` (ids) still leased under `$2` (tokens, column-wise), locked.
 /// The fence: a row is touched only under the lease token named, and never once it is
@@ -99,7 +99,11 @@ pub(crate) async fn publish(
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(PUBLISH).bind(ids).bind(tokens).fetch_all(pool).await
+    publish_query(ids, tokens).fetch_all(pool).await
+}
+
+pub(super) fn publish_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Scalar<'q, Uuid> {
+    sqlx::query_scalar(PUBLISH).bind(ids).bind(tokens)
 }
 
 /// Marks one delivered row published inside a transactional handler's transaction (see
@@ -112,15 +116,19 @@ pub(crate) async fn publish_in(
     // The handler's connection has none of the relay's settings: make sure a plan made while
     // the outbox was small does not scan it now (only for the rest of this transaction).
     sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
-    let published = sqlx::query(PUBLISH_ONE).bind(event_id).bind(token).execute(&mut *tx).await?;
+    let published = publish_one_query(event_id, token).execute(&mut *tx).await?;
     Ok(published.rows_affected() == 1)
+}
+
+pub(super) fn publish_one_query<'q>(event_id: Uuid, token: Uuid) -> Query<'q> {
+    sqlx::query(PUBLISH_ONE).bind(event_id).bind(token)
 }
 
 /// Failed deliveries, for one [`fail`] statement.
 #[derive(Default)]
 pub(crate) struct Failures {
-    pub(crate) event_ids: Vec<Uuid>,
-    pub(crate) tokens: Vec<Uuid>,
+    event_ids: Vec<Uuid>,
+    tokens: Vec<Uuid>,
     /// `{"<event id>": ["error", retry in microseconds]}`.
     errors: serde_json::Map<String, serde_json::Value>,
 }
@@ -133,29 +141,22 @@ impl Failures {
     }
 }
 
-/// A failure that the database accepted (the lease was still valid).
-pub(crate) struct RecordedFailure {
-    pub(crate) event_id: Uuid,
-    pub(crate) dead: bool,
-}
-
 /// Records failed deliveries: counts the attempt, keeps the error, schedules the retry, and
-/// kills rows that reached `max_attempts`.
+/// kills rows that reached `max_attempts`. Returns the ids done, each with whether it died.
 pub(crate) async fn fail(
     pool: &PgPool,
     failures: &Failures,
     max_attempts: i32,
-) -> Result<Vec<RecordedFailure>, sqlx::Error> {
-    let rows = sqlx::query(FAIL)
+) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
+    fail_query(failures, max_attempts).fetch_all(pool).await
+}
+
+pub(super) fn fail_query(failures: &Failures, max_attempts: i32) -> Rows<'_, (Uuid, bool)> {
+    sqlx::query_as(FAIL)
         .bind(&failures.event_ids)
         .bind(&failures.tokens)
         .bind(sqlx::types::Json(&failures.errors))
         .bind(max_attempts)
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|row| Ok(RecordedFailure { event_id: row.try_get(0)?, dead: row.try_get(1)? }))
-        .collect()
 }
 
 /// Hands leased rows back without counting an attempt. Returns the ids done.
@@ -164,7 +165,11 @@ pub(crate) async fn release(
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(RELEASE).bind(ids).bind(tokens).fetch_all(pool).await
+    release_query(ids, tokens).fetch_all(pool).await
+}
+
+pub(super) fn release_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Scalar<'q, Uuid> {
+    sqlx::query_scalar(RELEASE).bind(ids).bind(tokens)
 }
 
 /// Pushes the lease deadline of rows this relay still holds. Returns the renewed ids.
@@ -174,12 +179,15 @@ pub(crate) async fn renew(
     tokens: &[Uuid],
     lease_timeout: Duration,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(RENEW)
-        .bind(ids)
-        .bind(tokens)
-        .bind(micros(lease_timeout))
-        .fetch_all(pool)
-        .await
+    renew_query(ids, tokens, lease_timeout).fetch_all(pool).await
+}
+
+pub(super) fn renew_query<'q>(
+    ids: &'q [Uuid],
+    tokens: &'q [Uuid],
+    lease_timeout: Duration,
+) -> Scalar<'q, Uuid> {
+    sqlx::query_scalar(RENEW).bind(ids).bind(tokens).bind(micros(lease_timeout))
 }
 
 /// Which of the rows are still leased under their tokens: of those an acknowledgement did not
@@ -189,5 +197,9 @@ pub(crate) async fn still_leased(
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(STILL_LEASED).bind(ids).bind(tokens).fetch_all(pool).await
+    still_leased_query(ids, tokens).fetch_all(pool).await
+}
+
+pub(super) fn still_leased_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Scalar<'q, Uuid> {
+    sqlx::query_scalar(STILL_LEASED).bind(ids).bind(tokens)
 }

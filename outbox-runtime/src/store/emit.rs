@@ -2,11 +2,23 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::micros;
-use crate::emit::Available;
+use super::{micros, Query, Scalar};
+
+/// When an emitted event becomes deliverable.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) enum Available {
+    /// At the emitting transaction's start time (`now()`).
+    #[default]
+    Now,
+    /// That long after `now()`, measured by the database clock.
+    After(Duration),
+    /// At that instant.
+    At(DateTime<Utc>),
+}
 
 /// Column-wise rows for one multi-row insert.
 #[derive(Default)]
@@ -65,35 +77,51 @@ pub(crate) async fn insert_events(
     shared: InsertShared<'_>,
     rows: &NewEvents,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let (at, delay) = match shared.available {
-        Available::Now => (None, Duration::ZERO),
-        Available::After(delay) => (None, delay),
-        Available::At(at) => (Some(at), Duration::ZERO),
-    };
     if let ([event_id], false) = (rows.event_ids.as_slice(), shared.ordered) {
-        // Without a key there is nothing to conflict with: a plain insert, which spares the
-        // speculative insertion ON CONFLICT costs.
-        let sql = match shared.idempotency_key {
-            None => insert_one!(""),
-            Some(_) => insert_one!(
-                " ON CONFLICT (aggregate_type, idempotency_key) \
-                  WHERE idempotency_key IS NOT NULL DO NOTHING"
-            ),
-        };
-        let inserted = sqlx::query(sql)
-            .bind(event_id)
-            .bind(shared.aggregate_type)
-            .bind(&rows.aggregate_ids[0])
-            .bind(shared.event_type)
-            .bind(&rows.payloads[0])
-            .bind(shared.headers)
-            .bind(at)
-            .bind(micros(delay))
-            .bind(shared.idempotency_key)
-            .execute(conn)
-            .await?;
+        let inserted = insert_one_query(&shared, rows).execute(conn).await?;
         return Ok(if inserted.rows_affected() == 1 { vec![*event_id] } else { Vec::new() });
     }
+    insert_many_query(&shared, rows).fetch_all(conn).await
+}
+
+/// `available_at` as two parameters: an instant, or a delay after `now()`.
+fn available_at(available: Available) -> (Option<DateTime<Utc>>, i64) {
+    match available {
+        Available::Now => (None, 0),
+        Available::After(delay) => (None, micros(delay)),
+        Available::At(at) => (Some(at), 0),
+    }
+}
+
+/// The first row of `rows` alone, unordered.
+pub(super) fn insert_one_query<'q>(shared: &InsertShared<'q>, rows: &'q NewEvents) -> Query<'q> {
+    // Without a key there is nothing to conflict with: a plain insert, which spares the
+    // speculative insertion ON CONFLICT costs.
+    let sql = match shared.idempotency_key {
+        None => insert_one!(""),
+        Some(_) => insert_one!(
+            " ON CONFLICT (aggregate_type, idempotency_key) \
+              WHERE idempotency_key IS NOT NULL DO NOTHING"
+        ),
+    };
+    let (at, delay) = available_at(shared.available);
+    sqlx::query(sql)
+        .bind(rows.event_ids[0])
+        .bind(shared.aggregate_type)
+        .bind(&rows.aggregate_ids[0])
+        .bind(shared.event_type)
+        .bind(&rows.payloads[0])
+        .bind(shared.headers)
+        .bind(at)
+        .bind(delay)
+        .bind(shared.idempotency_key)
+}
+
+pub(super) fn insert_many_query<'q>(
+    shared: &InsertShared<'q>,
+    rows: &'q NewEvents,
+) -> Scalar<'q, Uuid> {
+    let (at, delay) = available_at(shared.available);
     sqlx::query_scalar(
         "WITH locked AS ( \
              SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
@@ -118,14 +146,12 @@ pub(crate) async fn insert_events(
     .bind(shared.event_type)
     .bind(shared.headers)
     .bind(at)
-    .bind(micros(delay))
+    .bind(delay)
     .bind(&rows.event_ids)
     .bind(&rows.aggregate_ids)
     .bind(&rows.payloads)
     .bind(shared.ordered)
     .bind(shared.idempotency_key)
-    .fetch_all(conn)
-    .await
 }
 
 /// The event stored earlier under an idempotency key.
@@ -134,11 +160,16 @@ pub(crate) async fn event_for_key(
     aggregate_type: &str,
     idempotency_key: &str,
 ) -> Result<Option<Uuid>, sqlx::Error> {
+    event_for_key_query(aggregate_type, idempotency_key).fetch_optional(conn).await
+}
+
+pub(super) fn event_for_key_query<'q>(
+    aggregate_type: &'q str,
+    idempotency_key: &'q str,
+) -> Scalar<'q, Uuid> {
     sqlx::query_scalar(
         "SELECT event_id FROM outbox.events WHERE aggregate_type = $1 AND idempotency_key = $2",
     )
     .bind(aggregate_type)
     .bind(idempotency_key)
-    .fetch_optional(conn)
-    .await
 }

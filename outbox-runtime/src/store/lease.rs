@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::micros;
+use super::{micros, Query};
 
 /// A row the relay holds a lease on.
 #[derive(Debug)]
@@ -29,20 +29,20 @@ pub(crate) struct LeasedEvent {
 }
 
 /// Which event types a relay leases.
-pub(crate) enum LeaseFilter<'a> {
-    /// Only these `(aggregate_type, event_type)` pairs.
-    Only { aggregate_types: &'a [String], event_types: &'a [String] },
+pub(crate) enum LeaseTypes {
+    /// Only these `(aggregate_type, event_type)` pairs, column-wise.
+    Only { aggregate_types: Vec<String>, event_types: Vec<String> },
     /// Every event, handled or not.
     All,
 }
 
-pub(crate) struct LeaseRequest<'a> {
-    pub(crate) limit: i64,
+/// What every lease of a relay asks for, decided once when the relay is built.
+pub(crate) struct LeasePlan {
+    pub(crate) types: LeaseTypes,
     pub(crate) lease_timeout: Duration,
     pub(crate) max_expired_leases: i32,
     /// Whether a dead ordered event lets the later ones of its aggregate through.
     pub(crate) skip_dead_ordered: bool,
-    pub(crate) filter: LeaseFilter<'a>,
 }
 
 /// The lease statement around a `candidates` query that selects and locks the rows to lease.
@@ -155,23 +155,11 @@ pub(crate) const RELAY_SESSION: &str =
 /// Leases up to `limit` available rows in one statement under a fresh fencing token.
 pub(crate) async fn lease(
     pool: &PgPool,
-    request: LeaseRequest<'_>,
+    plan: &LeasePlan,
+    limit: i64,
 ) -> Result<Vec<LeasedEvent>, sqlx::Error> {
     let token = Uuid::new_v4();
-    let sql = match request.filter {
-        LeaseFilter::Only { .. } => LEASE_HANDLED,
-        LeaseFilter::All => LEASE_ANY,
-    };
-    let mut query = sqlx::query(sql)
-        .bind(request.limit)
-        .bind(token)
-        .bind(micros(request.lease_timeout))
-        .bind(request.max_expired_leases)
-        .bind(request.skip_dead_ordered);
-    if let LeaseFilter::Only { aggregate_types, event_types } = request.filter {
-        query = query.bind(aggregate_types).bind(event_types);
-    }
-    let rows = query.fetch_all(pool).await?;
+    let rows = lease_query(plan, limit, token).fetch_all(pool).await?;
     rows.iter()
         .map(|row| {
             Ok(LeasedEvent {
@@ -189,4 +177,25 @@ pub(crate) async fn lease(
             })
         })
         .collect()
+}
+
+/// `$1` limit, `$2` token, `$3` lease in microseconds, `$4` most expired leases, `$5` skip dead
+/// ordered events; [`LEASE_HANDLED`] adds `$6`/`$7`, the handled types column-wise.
+pub(super) fn lease_query(plan: &LeasePlan, limit: i64, token: Uuid) -> Query<'_> {
+    let sql = match plan.types {
+        LeaseTypes::Only { .. } => LEASE_HANDLED,
+        LeaseTypes::All => LEASE_ANY,
+    };
+    let query = sqlx::query(sql)
+        .bind(limit)
+        .bind(token)
+        .bind(micros(plan.lease_timeout))
+        .bind(plan.max_expired_leases)
+        .bind(plan.skip_dead_ordered);
+    match &plan.types {
+        LeaseTypes::Only { aggregate_types, event_types } => {
+            query.bind(aggregate_types).bind(event_types)
+        }
+        LeaseTypes::All => query,
+    }
 }

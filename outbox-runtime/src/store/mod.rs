@@ -1,9 +1,14 @@
 //! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for.
 //!
 //! Values are always bound, never formatted into SQL. Statements that touch many rows take
-//! arrays and `UNNEST` them, so a batch costs one round trip.
+//! arrays and `UNNEST` them, so a batch costs one round trip. Each statement is built by a
+//! `*_query` function that binds its parameters in one place, where a unit test checks them
+//! against the `$N`s its SQL names; the function beside it runs it.
 
 use std::time::Duration;
+
+use sqlx::postgres::PgArguments;
+use sqlx::Postgres;
 
 mod ack;
 mod emit;
@@ -12,8 +17,9 @@ mod ops;
 mod sleepers;
 
 pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
-pub(crate) use emit::{event_for_key, insert_events, InsertShared, NewEvents};
-pub(crate) use lease::{lease, LeaseFilter, LeaseRequest, LeasedEvent, RELAY_SESSION};
+pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
+pub(crate) use lease::{lease, LeasePlan, LeaseTypes, LeasedEvent, RELAY_SESSION};
+pub use ops::DeadEvent;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
 };
@@ -27,6 +33,13 @@ pub(crate) use {
     ops::PURGE_PUBLISHED,
 };
 
+/// A statement with its parameters bound.
+type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
+/// A statement returning one column.
+type Scalar<'q, T> = sqlx::query::QueryScalar<'q, Postgres, T, PgArguments>;
+/// A statement returning rows of `T`.
+type Rows<'q, T> = sqlx::query::QueryAs<'q, Postgres, T, PgArguments>;
+
 /// The channel the insert trigger notifies; relays LISTEN on it.
 pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
 
@@ -35,4 +48,89 @@ const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 pub(crate) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Arguments, Execute};
+    use uuid::Uuid;
+
+    use super::*;
+
+    /// The highest `$N` a statement names.
+    fn highest_parameter(sql: &str) -> usize {
+        sql.split('$')
+            .skip(1)
+            .filter_map(|after| {
+                let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().ok()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// `(highest $N in its SQL, values bound)` of a built statement.
+    fn parameters<'q>(mut query: impl Execute<'q, Postgres>) -> (usize, usize) {
+        let named = highest_parameter(query.sql());
+        let bound = query.take_arguments().unwrap().map_or(0, |arguments| arguments.len());
+        (named, bound)
+    }
+
+    #[test]
+    fn every_statement_binds_each_parameter_its_sql_names() {
+        let (ids, tokens) = (vec![Uuid::nil()], vec![Uuid::nil()]);
+        let types = vec!["order".to_owned()];
+        let plan = |types| LeasePlan {
+            types,
+            lease_timeout: Duration::from_secs(1),
+            max_expired_leases: 3,
+            skip_dead_ordered: false,
+        };
+        let only = plan(LeaseTypes::Only { aggregate_types: types.clone(), event_types: types });
+        let all = plan(LeaseTypes::All);
+        let mut failures = Failures::default();
+        failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1));
+        let selection = DeadSelection { aggregate_type: None, event_type: None, event_id: None };
+        let mut rows = NewEvents::default();
+        rows.push(Uuid::nil(), "1".to_owned(), "{}".to_owned());
+        let shared = |idempotency_key| InsertShared {
+            aggregate_type: "order",
+            event_type: "order.placed",
+            ordered: false,
+            headers: "{}",
+            available: Available::Now,
+            idempotency_key,
+        };
+        let statements = [
+            ("lease handled", parameters(lease::lease_query(&only, 10, Uuid::nil()))),
+            ("lease any", parameters(lease::lease_query(&all, 10, Uuid::nil()))),
+            ("publish", parameters(ack::publish_query(&ids, &tokens))),
+            ("publish one", parameters(ack::publish_one_query(Uuid::nil(), Uuid::nil()))),
+            ("fail", parameters(ack::fail_query(&failures, 3))),
+            ("release", parameters(ack::release_query(&ids, &tokens))),
+            ("renew", parameters(ack::renew_query(&ids, &tokens, Duration::from_secs(1)))),
+            ("still leased", parameters(ack::still_leased_query(&ids, &tokens))),
+            ("insert one", parameters(emit::insert_one_query(&shared(None), &rows))),
+            ("insert one keyed", parameters(emit::insert_one_query(&shared(Some("k")), &rows))),
+            ("insert many", parameters(emit::insert_many_query(&shared(None), &rows))),
+            ("event for key", parameters(emit::event_for_key_query("order", "k"))),
+            ("stats", parameters(ops::stats_query())),
+            ("dead", parameters(ops::dead_query(&selection, None, 10))),
+            ("requeue", parameters(ops::requeue_query(&selection))),
+            ("notify", parameters(ops::notify_query())),
+            ("discard", parameters(ops::discard_query(&selection))),
+            ("purge", parameters(ops::purge_query(Duration::from_secs(1), 10))),
+            ("register", parameters(sleepers::register_query(Uuid::nil(), None, Duration::ZERO))),
+            ("unregister", parameters(sleepers::unregister_query(Uuid::nil()))),
+        ];
+        for (name, (named, bound)) in statements {
+            assert_eq!(named, bound, "`{name}` names ${named} but binds {bound} values");
+        }
+    }
+
+    #[test]
+    fn highest_parameter_reads_multi_digit_numbers() {
+        assert_eq!(highest_parameter("SELECT $1, $10::int, $2"), 10);
+        assert_eq!(highest_parameter("SELECT 1"), 0);
+    }
 }

@@ -2,17 +2,50 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{micros, NOTIFY_CHANNEL};
-use crate::dead_letters::DeadEvent;
+use super::{micros, Query, Rows, NOTIFY_CHANNEL};
+
+/// A dead event, with what an operator needs to decide its fate.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct DeadEvent {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The payload as stored.
+    pub payload: serde_json::Value,
+    /// The headers as stored.
+    pub headers: serde_json::Value,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+    /// When it exhausted its attempts or its expired leases.
+    pub dead_at: DateTime<Utc>,
+    /// Failed deliveries.
+    pub attempts: i32,
+    /// Leases that expired before a relay acknowledged the event (counted apart).
+    pub expired_leases: i32,
+    /// The last failure's text.
+    pub last_error: Option<String>,
+}
 
 /// Per `(aggregate_type, event_type)`: pending, dead, and age of the oldest pending event.
 /// Pending and dead rows are read through their partial indexes, never the published history.
-pub(crate) async fn stats_by_type(
-    pool: &PgPool,
-) -> Result<Vec<(String, String, i64, i64, Option<f64>)>, sqlx::Error> {
+pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx::Error> {
+    stats_query().fetch_all(pool).await
+}
+
+/// `(aggregate_type, event_type, pending, dead, age of the oldest pending in seconds)`.
+pub(crate) type TypeCounts = (String, String, i64, i64, Option<f64>);
+
+pub(super) fn stats_query<'q>() -> Rows<'q, TypeCounts> {
     sqlx::query_as(
         "SELECT aggregate_type, event_type, \
                 count(*) FILTER (WHERE NOT dead), \
@@ -27,8 +60,6 @@ pub(crate) async fn stats_by_type(
          ) AS unpublished \
          GROUP BY aggregate_type, event_type ORDER BY aggregate_type, event_type",
     )
-    .fetch_all(pool)
-    .await
 }
 
 /// Which dead rows an operation applies to; `None` matches anything.
@@ -55,6 +86,14 @@ pub(crate) async fn dead(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<DeadEvent>, sqlx::Error> {
+    dead_query(selection, after, limit).fetch_all(pool).await
+}
+
+pub(super) fn dead_query<'q>(
+    selection: &DeadSelection<'q>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Rows<'q, DeadEvent> {
     sqlx::query_as(concat!(
         "SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, \
                 dead_at, attempts, expired_leases, last_error \
@@ -67,8 +106,6 @@ pub(crate) async fn dead(
     .bind(selection.event_id)
     .bind(after)
     .bind(limit)
-    .fetch_all(pool)
-    .await
 }
 
 /// Makes dead rows pending again: attempts reset, available now, `last_error` kept. Wakes the
@@ -78,7 +115,16 @@ pub(crate) async fn requeue_dead(
     selection: &DeadSelection<'_>,
 ) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let requeued = sqlx::query(concat!(
+    let requeued = requeue_query(selection).execute(&mut *tx).await?.rows_affected();
+    if requeued > 0 {
+        notify_query().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(requeued)
+}
+
+pub(super) fn requeue_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
+    sqlx::query(concat!(
         "UPDATE outbox.events \
          SET dead_at = NULL, attempts = 0, expired_leases = 0, lease_token = NULL, \
              available_at = now() \
@@ -88,14 +134,11 @@ pub(crate) async fn requeue_dead(
     .bind(selection.aggregate_type)
     .bind(selection.event_type)
     .bind(selection.event_id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if requeued > 0 {
-        sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(requeued)
+}
+
+/// Wakes the relays asleep on LISTEN.
+pub(super) fn notify_query<'q>() -> Query<'q> {
+    sqlx::query("SELECT pg_notify($1, '')").bind(NOTIFY_CHANNEL)
 }
 
 /// Deletes dead rows. Returns how many.
@@ -103,13 +146,14 @@ pub(crate) async fn discard_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()))
+    Ok(discard_query(selection).execute(pool).await?.rows_affected())
+}
+
+pub(super) fn discard_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
+    sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()))
         .bind(selection.aggregate_type)
         .bind(selection.event_type)
         .bind(selection.event_id)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected())
 }
 
 /// Deletes up to `$2` rows published more than `$1` microseconds ago.
@@ -127,7 +171,9 @@ pub(crate) async fn purge_published(
     older_than: Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done =
-        sqlx::query(PURGE_PUBLISHED).bind(micros(older_than)).bind(limit).execute(pool).await?;
-    Ok(done.rows_affected())
+    Ok(purge_query(older_than, limit).execute(pool).await?.rows_affected())
+}
+
+pub(super) fn purge_query<'q>(older_than: Duration, limit: i64) -> Query<'q> {
+    sqlx::query(PURGE_PUBLISHED).bind(micros(older_than)).bind(limit)
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::micros;
+use super::{micros, Query, Scalar};
 
 /// Registers a relay as asleep until `until_micros` from now, for producers to NOTIFY it.
 /// Returns false without registering if producers are inserting right now (they hold the lock
@@ -18,7 +18,16 @@ pub(crate) async fn register_sleeper(
 ) -> Result<bool, sqlx::Error> {
     // One statement, so it is never left half done when the relay stops while it runs: the
     // lock is taken first and held until the registration commits.
-    let registered: Option<bool> = sqlx::query_scalar(
+    let registered = register_query(relay_id, event_types, until).fetch_optional(pool).await?;
+    Ok(registered.is_some())
+}
+
+pub(super) fn register_query<'q>(
+    relay_id: Uuid,
+    event_types: Option<&'q [String]>,
+    until: Duration,
+) -> Scalar<'q, bool> {
+    sqlx::query_scalar(
         "INSERT INTO outbox.sleeping_relays (relay_id, event_types, until) \
          SELECT $1, $2, now() + $3::bigint * interval '1 microsecond' \
          WHERE pg_try_advisory_xact_lock(hashtextextended('outbox.sleeping_relays', 0)) \
@@ -28,16 +37,14 @@ pub(crate) async fn register_sleeper(
     .bind(relay_id)
     .bind(event_types)
     .bind(micros(until))
-    .fetch_optional(pool)
-    .await?;
-    Ok(registered.is_some())
 }
 
 /// Withdraws a relay's registration: it is awake and looks for rows by itself.
 pub(crate) async fn unregister_sleeper(pool: &PgPool, relay_id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM outbox.sleeping_relays WHERE relay_id = $1")
-        .bind(relay_id)
-        .execute(pool)
-        .await?;
+    unregister_query(relay_id).execute(pool).await?;
     Ok(())
+}
+
+pub(super) fn unregister_query<'q>(relay_id: Uuid) -> Query<'q> {
+    sqlx::query("DELETE FROM outbox.sleeping_relays WHERE relay_id = $1").bind(relay_id)
 }
