@@ -17,13 +17,15 @@
 -- are fixed (`outbox.events`), so there is no identifier to configure or to inject through.
 --
 -- What the statements need, and why (found by testing, not guessed):
---   * Emit is one `INSERT ... ON CONFLICT (aggregate_type, idempotency_key) WHERE ... DO NOTHING
---     RETURNING event_id`, used with and without an idempotency key. PostgreSQL requires
---     SELECT on the columns of the conflict target (aggregate_type, idempotency_key) to infer
---     the arbiter index, and SELECT on event_id for RETURNING; the lookup after a duplicate key
---     reads the same three columns. So the application needs SELECT on those three columns
---     even if it never uses idempotency keys, and on nothing else: it cannot read payloads,
---     headers or aggregate ids.
+--   * Emit is one INSERT. One unordered event without an idempotency key is a plain
+--     single-row INSERT; with a key it adds `ON CONFLICT (aggregate_type, idempotency_key)
+--     WHERE ... DO NOTHING`; a batch (`emit_all`) or an ordered event is an
+--     `INSERT ... SELECT FROM UNNEST(...) ON CONFLICT ... DO NOTHING RETURNING event_id`.
+--     PostgreSQL requires SELECT on the columns of the conflict target (aggregate_type,
+--     idempotency_key) to infer the arbiter index, and SELECT on event_id for RETURNING; the
+--     lookup after a duplicate key reads the same three columns. So the application needs
+--     SELECT on those three columns (batches need them even without idempotency keys), and on
+--     nothing else: it cannot read payloads, headers or aggregate ids.
 --   * `seq` is an identity column: inserting draws from its sequence without any privilege on
 --     it, so there is no GRANT on `outbox.events_seq_seq`.
 --   * The insert trigger's function `outbox.notify_relays()` is not checked for EXECUTE when the

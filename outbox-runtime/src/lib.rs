@@ -1,4 +1,18 @@
 //! Transactional outbox for sqlx + PostgreSQL.
+//!
+//! Write an event with [`emit`] in the same transaction as the state change it describes; a
+//! [`Relay`] delivers committed events to typed handlers, at least once, retrying with backoff
+//! and keeping the ones that exhaust their attempts as [`dead_letters`].
+//!
+//! # The reference design
+//!
+//! The table `outbox.events` keeps every column of the common outbox design this crate started
+//! from, called *the reference design* in these docs: `event_id uuid`, `aggregate_type`,
+//! `aggregate_id`, `event_type text`, `payload`, `headers jsonb`, `created_at`,
+//! `available_at`, `published_at timestamptz`, `attempts int`, `last_error text`, with those
+//! names and types, so operational SQL written for it keeps working. Its known weakness, that a
+//! leased row becomes visible to other relays again once the lease statement commits (so two
+//! relays deliver it), is what the relay's leases and fencing tokens fix.
 #![warn(missing_docs)]
 
 pub mod dead_letters;

@@ -7,6 +7,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::error::Error;
+use crate::store;
 
 /// The outbox migrations (`migrations/` at the repository root), embedded at compile time.
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -28,13 +29,7 @@ static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
-    // CREATE SCHEMA IF NOT EXISTS can still race with itself, hence the lock.
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox_runtime.migrate'))")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("CREATE SCHEMA IF NOT EXISTS outbox").execute(&mut *tx).await?;
-    tx.commit().await?;
+    store::create_schema(pool).await?;
 
     // The migrator keeps its history in the first schema of the search path; a pool of its
     // own keeps that setting out of the caller's pool.

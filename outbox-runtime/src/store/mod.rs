@@ -1,4 +1,5 @@
-//! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for.
+//! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for (the
+//! migrations themselves run through sqlx's migrator, in `migrate.rs`).
 //!
 //! Values are always bound, never formatted into SQL. Statements that touch many rows take
 //! arrays and `UNNEST` them, so a batch costs one round trip. Each statement is built by a
@@ -14,6 +15,7 @@ mod ack;
 mod emit;
 mod lease;
 mod ops;
+mod schema;
 mod sleepers;
 
 pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
@@ -23,6 +25,7 @@ pub use ops::DeadEvent;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
 };
+pub(crate) use schema::create_schema;
 pub(crate) use sleepers::{register_sleeper, unregister_sleeper};
 
 /// The statements whose plans the tests check, by name.
@@ -122,6 +125,7 @@ mod tests {
             ("purge", parameters(ops::purge_query(Duration::from_secs(1), 10))),
             ("register", parameters(sleepers::register_query(Uuid::nil(), None, Duration::ZERO))),
             ("unregister", parameters(sleepers::unregister_query(Uuid::nil()))),
+            ("migrate lock", parameters(schema::migrate_lock_query())),
         ];
         for (name, (named, bound)) in statements {
             assert_eq!(named, bound, "`{name}` names ${named} but binds {bound} values");
