@@ -11,10 +11,11 @@ use crate::store;
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct OutboxStats {
-    /// Events not yet published and not dead ([the reference design](crate#the-reference-design)'s `count_pending`), whether
-    /// available now, leased, delayed, or waiting to retry.
+    /// Events not yet published and not dead, whether available now, leased, delayed, or waiting
+    /// to retry (`count_pending` of [the reference design](crate#the-reference-design)).
     pub pending: i64,
-    /// Events that exhausted their attempts ([the reference design](crate#the-reference-design)'s `count_poisoned`).
+    /// Events that exhausted their attempts or their expired leases (`count_poisoned` of
+    /// [the reference design](crate#the-reference-design)).
     pub dead: i64,
     /// How long ago the oldest pending event was emitted: the relay's lag. `None` when nothing
     /// is pending.

@@ -5,8 +5,9 @@ use std::time::Duration;
 /// Retry delays: after the n-th failed delivery, `min(base * 2^(n-1), cap)`, jittered into its
 /// upper half.
 ///
-/// With the defaults (base 1 s, cap 10 minutes, as [the reference design](crate#the-reference-design)) the retry after the
-/// first failure comes 1–2 s later, after the second 2–4 s, and so on up to 5–10 minutes.
+/// With the defaults (base 1 s, cap 10 minutes, as in
+/// [the reference design](crate#the-reference-design)) the retry after the first failure comes
+/// 1–2 s later, after the second 2–4 s, and so on up to 5–10 minutes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     /// Delay after the first failure, before jitter.
