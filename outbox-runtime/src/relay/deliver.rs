@@ -52,14 +52,15 @@ impl<S> Delivery<S> {
             return;
         }
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
-        let expired_leases = u32::try_from(row.expired_leases).unwrap_or(0);
+        // Delivery attempts: failed deliveries and expired leases before this one, plus one.
+        let attempt = earlier_failures + u32::try_from(row.expired_leases).unwrap_or(0) + 1;
         let span = tracing::info_span!(
             "outbox.deliver",
             event_id = %row.event_id,
             aggregate_type = %row.aggregate_type,
             aggregate_id = %row.aggregate_id,
             event_type = %row.event_type,
-            attempt = earlier_failures + expired_leases + 1,
+            attempt,
             traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
         );
         let event_type = row.event_type.clone();
@@ -76,7 +77,7 @@ impl<S> Delivery<S> {
                 event_id: row.event_id,
                 aggregate_id: row.aggregate_id,
                 headers: row.headers,
-                attempt: earlier_failures + expired_leases + 1,
+                attempt,
                 created_at: row.created_at,
             };
             let call = || route.call(state, meta, &row.payload, delivery_lease);
