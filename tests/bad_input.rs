@@ -24,10 +24,6 @@ use sqlx::PgPool;
 use support::*;
 use uuid::Uuid;
 
-async fn count_rows(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()
-}
-
 /// An error and its causes, `: `-separated, as error-chain printers show it.
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();

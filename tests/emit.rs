@@ -8,6 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_runtime::{emit, emit_all, emit_with, EmitOptions, Error, InvalidEvent, OutboxEvent};
 use serde::{Deserialize, Serialize};
+use sqlx::migrate::Migration;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 use support::*;
 use uuid::Uuid;
@@ -63,11 +65,28 @@ async fn rolled_back_emit_leaves_no_row(pool: PgPool) {
     emit(&mut tx, &placed(1)).await.unwrap();
     tx.rollback().await.unwrap();
 
-    // Dropping an uncommitted transaction rolls back too.
-    {
-        let mut tx = pool.begin().await.unwrap();
+    // Dropping an uncommitted transaction rolls back too, and the connection goes back to the
+    // pool clean. Another connection never sees an uncommitted row, rolled back or not; the
+    // emitting connection does while its transaction is open. So: a pool of one connection,
+    // whose next query runs on that very connection.
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let emitted_on = {
+        let mut tx = one.begin().await.unwrap();
         emit(&mut tx, &placed(2)).await.unwrap();
-    }
+        assert_eq!(count_rows(&mut *tx).await, 1, "the transaction sees its own row");
+        backend_pid(&mut tx).await
+    };
+    let mut conn = one.acquire().await.unwrap();
+    let pid: i32 =
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *conn).await.unwrap();
+    assert_eq!(pid, emitted_on, "the pool handed back the connection that emitted");
+    assert_eq!(count_rows(&mut *conn).await, 0, "its transaction was rolled back, not left open");
+    drop(conn);
+    one.close().await;
 
     let count: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(&pool).await.unwrap();
@@ -138,13 +157,7 @@ async fn headers_and_delay_are_stored(pool: PgPool) {
     );
     assert_eq!(wait, 90.0);
 
-    let available_at: DateTime<Utc> =
-        sqlx::query_scalar("SELECT available_at FROM outbox.events WHERE event_id = $1")
-            .bind(scheduled)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(available_at, at);
+    assert_eq!(available_at(&pool, scheduled).await, at);
 }
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
@@ -228,11 +241,32 @@ async fn migrate_is_idempotent_and_concurrent_safe(pool: PgPool) {
         run.await.unwrap().expect("concurrent migrate succeeds");
     }
     outbox_runtime::migrate(&pool).await.expect("a second migrate is a no-op");
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox._sqlx_migrations")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert!(applied >= 1);
+    let applied: Vec<(i64, bool, Vec<u8>)> = sqlx::query_as(
+        "SELECT version, success, checksum FROM outbox._sqlx_migrations ORDER BY version",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected: Vec<(i64, bool, Vec<u8>)> =
+        outbox_migrations().await.iter().map(|m| (m.version, true, m.checksum.to_vec())).collect();
+    assert_eq!(applied, expected, "every outbox migration applied, once, as embedded");
+}
+
+/// The outbox's migrations as the runtime embeds them: `with_outbox_migrations` appends them to
+/// an application's (here the fixture's), which are taken off again. Checked against the files
+/// in `migrations/`, so that an empty list cannot pass for "all of them".
+async fn outbox_migrations() -> Vec<Migration> {
+    let app = sqlx::migrate!("fixtures/app_migrations");
+    let combined = outbox_runtime::with_outbox_migrations(&app).await.unwrap();
+    let mut outbox: Vec<Migration> =
+        combined.iter().filter(|m| app.iter().all(|a| a.version != m.version)).cloned().collect();
+    outbox.sort_by_key(|m| m.version);
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations"))
+        .unwrap()
+        .filter(|entry| entry.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
+        .count();
+    assert_eq!(outbox.len(), files, "one embedded migration per file in migrations/");
+    outbox
 }
 
 #[sqlx::test(migrations = false)]

@@ -5,27 +5,11 @@ mod support;
 use std::time::Duration;
 
 use outbox_runtime::dead_letters::{self, DeadFilter};
-use outbox_runtime::{EventContext, OutboxEvent, Relay};
-use serde::{Deserialize, Serialize};
+use outbox_runtime::{EventContext, Relay};
 use sqlx::PgPool;
+use support::accounts::Posted;
 use support::*;
 use uuid::Uuid;
-
-/// Inserts a dead row as a relay would leave it.
-async fn dead_row(pool: &PgPool, aggregate_type: &str, event_type: &str, error: &str) -> Uuid {
-    sqlx::query_scalar(
-        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
-                                    attempts, last_error, dead_at) \
-         VALUES ($1, $2, '7', $3, '{\"n\": 1}', 10, $4, now()) RETURNING event_id",
-    )
-    .bind(Uuid::now_v7())
-    .bind(aggregate_type)
-    .bind(event_type)
-    .bind(error)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
 
 #[sqlx::test(migrations = false)]
 async fn dead_letters_are_listed_filtered_and_paged(pool: PgPool) {
@@ -52,7 +36,7 @@ async fn dead_letters_are_listed_filtered_and_paged(pool: PgPool) {
 
     let shown = dead_letters::get(&pool, b).await.unwrap().unwrap();
     assert_eq!(shown.event_type, "order.cancelled");
-    assert_eq!(shown.payload, serde_json::json!({ "n": 1 }));
+    assert_eq!(shown.payload, serde_json::json!({ "total_cents": 4200, "lines": [1, 2] }));
     assert_eq!((shown.attempts, shown.last_error.as_deref()), (10, Some("bad gateway")));
     assert_eq!(dead_letters::get(&pool, Uuid::now_v7()).await.unwrap(), None);
 }
@@ -102,14 +86,6 @@ async fn requeued_dead_letters_are_delivered_and_keep_their_last_error(pool: PgP
         .unwrap();
     assert_eq!(left, 0);
     assert_eq!(dead_letters::discard(&pool, &DeadFilter::all()).await.unwrap(), 0);
-}
-
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "account", event_type = "account.posted", ordered)]
-struct Posted {
-    #[outbox(id)]
-    account: u32,
-    n: u32,
 }
 
 #[sqlx::test(migrations = false)]
@@ -181,13 +157,7 @@ async fn retention_deletes_only_old_published_events(pool: PgPool) {
     .await
     .unwrap();
     let pending = emit_committed(&pool, &[placed(1)]).await[0];
-    sqlx::query(
-        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
-    )
-    .bind(pending)
-    .execute(&pool)
-    .await
-    .unwrap();
+    backdate(&pool, pending, "30 days").await;
     let dead = dead_row(&pool, "order", "order.placed", "x").await;
 
     let week = Duration::from_secs(7 * 24 * 3600);

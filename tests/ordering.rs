@@ -1,176 +1,29 @@
-//! Per-aggregate ordering, transactional handlers, idempotent emit and delayed events against
-//! the real PostgreSQL.
+//! Per-aggregate ordering against the real PostgreSQL: events of an `ordered` type are delivered
+//! one at a time per aggregate, in emit (commit) order, by several relays at once, through
+//! concurrent emitters, rollbacks and retries; an earlier event of the aggregate that is not
+//! committed yet holds the later one back (a rolled-back one does not); unordered types keep
+//! their parallelism; a failing or dead ordered event blocks only its own aggregate, unless the
+//! relay is told to skip past dead ones.
 
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use outbox_runtime::{
-    Backoff, BoxError, DeadOrderedEvents, EmitOptions, Error, EventContext, InvalidEvent,
-    OutboxEvent, Relay, RelayCounts, TransactionContext,
-};
-use serde::{Deserialize, Serialize};
+use outbox_runtime::{Backoff, DeadOrderedEvents, EventContext, Relay, RelayCounts};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
+use support::accounts::*;
 use support::*;
 use tokio::sync::{oneshot, Barrier, Notify, Semaphore};
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------------
-// Events
-// ---------------------------------------------------------------------------------------------
-
-/// An ordered event: delivered one at a time per account, in emit order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "account", event_type = "account.posted", ordered)]
-struct Posted {
-    #[outbox(id)]
-    account: u32,
-    n: u32,
-}
-
-/// An unordered event of the same aggregate type.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "account", event_type = "account.noted")]
-struct Noted {
-    #[outbox(id)]
-    account: u32,
-    n: u32,
-}
-
-/// An unordered event of another aggregate type (idempotency scope, follow-up events).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "audit", event_type = "audit.recorded")]
-struct Audited {
-    #[outbox(id)]
-    account: u32,
-    n: u32,
-}
-
-fn posted(account: u32, n: u32) -> Posted {
-    Posted { account, n }
-}
-
-fn noted(account: u32, n: u32) -> Noted {
-    Noted { account, n }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct HandlerError(String);
-
-/// One handler call.
-#[derive(Debug, Clone)]
-struct Seen {
-    event_id: Uuid,
-    account: u32,
-    n: u32,
-    attempt: u32,
-    at: DateTime<Utc>,
-}
-
-/// Every handler call, in the order the handlers were entered.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<Seen>>>);
-
-impl Log {
-    fn record<S>(&self, ctx: &EventContext<S>, account: u32, n: u32) {
-        let seen =
-            Seen { event_id: ctx.event_id(), account, n, attempt: ctx.attempt(), at: Utc::now() };
-        self.0.lock().unwrap().push(seen);
-    }
-
-    fn all(&self) -> Vec<Seen> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-
-    /// `(n, attempt)` of every call for `account`, in call order.
-    fn of(&self, account: u32) -> Vec<(u32, u32)> {
-        self.all().iter().filter(|s| s.account == account).map(|s| (s.n, s.attempt)).collect()
-    }
-
-    fn ids_of(&self, account: u32) -> Vec<Uuid> {
-        self.all().iter().filter(|s| s.account == account).map(|s| s.event_id).collect()
-    }
-
-    fn first_of(&self, account: u32, n: u32) -> Seen {
-        self.all().into_iter().find(|s| s.account == account && s.n == n).unwrap()
-    }
-}
-
-async fn log_posted(ctx: EventContext<Log>, event: Posted) -> Result<(), HandlerError> {
-    ctx.state().record(&ctx, event.account, event.n);
-    Ok(())
-}
-
-async fn log_noted(ctx: EventContext<Log>, event: Noted) -> Result<(), HandlerError> {
-    ctx.state().record(&ctx, event.account, event.n);
-    Ok(())
-}
-
-/// Emits `events` in one committed transaction; returns their ids.
-async fn commit_all<E: OutboxEvent>(pool: &PgPool, events: &[E]) -> Vec<Uuid> {
-    let mut tx = pool.begin().await.unwrap();
-    let ids = outbox_runtime::emit_all(&mut tx, events).await.unwrap();
-    tx.commit().await.unwrap();
-    ids
-}
-
-async fn commit_with<E: OutboxEvent>(pool: &PgPool, event: &E, options: EmitOptions) -> Uuid {
-    let mut tx = pool.begin().await.unwrap();
-    let id = outbox_runtime::emit_with(&mut tx, event, options).await.unwrap();
-    tx.commit().await.unwrap();
-    id
-}
-
-/// Waits for a signal; panics after 30 s so a missing one fails the test instead of hanging it.
-async fn signalled(notify: &Notify, what: &str) {
-    within(notify.notified(), what).await;
-}
-
-async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
-    tokio::time::timeout(Duration::from_secs(30), future)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
-}
-
-async fn backend_pid(tx: &mut Transaction<'_, Postgres>) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut **tx).await.unwrap()
-}
-
-/// Whether the backend `pid` is blocked waiting for a lock.
-async fn waits_for_lock(pool: &PgPool, pid: i32) -> bool {
-    sqlx::query_scalar::<_, bool>(
-        "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity \
-         WHERE pid = $1",
-    )
-    .bind(pid)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-async fn available_at(pool: &PgPool, id: Uuid) -> DateTime<Utc> {
-    sqlx::query_scalar("SELECT available_at FROM outbox.events WHERE event_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 async fn seq(pool: &PgPool, id: Uuid) -> i64 {
     sqlx::query_scalar("SELECT seq FROM outbox.events WHERE event_id = $1")
@@ -551,7 +404,7 @@ async fn uncommitted_earlier_event(pool: PgPool, tx1_commits: bool) {
     eventually("tx2's emit waits for tx1", || async { waits_for_lock(&pool, pid).await }).await;
 
     // The relay keeps delivering other accounts meanwhile (their seqs are above E1's).
-    let other = commit_all(&pool, &[posted(2, 1)]).await[0];
+    let other = emit_committed(&pool, &[posted(2, 1)]).await[0];
     eventually("another account's event is delivered", || async {
         row_state(&pool, other).await.published
     })
@@ -647,7 +500,7 @@ impl Parallel {
 async fn unordered_events_of_one_aggregate_run_in_parallel(pool: PgPool) {
     migrated(&pool).await;
     const N: u32 = 4;
-    let ids = commit_all(&pool, &(0..N).map(|n| noted(1, n)).collect::<Vec<_>>()).await;
+    let ids = emit_committed(&pool, &(0..N).map(|n| noted(1, n)).collect::<Vec<_>>()).await;
 
     // Each handler waits until all N run at once.
     async fn meets(ctx: EventContext<Parallel>, event: Noted) -> Result<(), HandlerError> {
@@ -681,7 +534,7 @@ async fn ordered_events_of_one_aggregate_never_overlap(pool: PgPool) {
     let events: Vec<Posted> = (0..PER_ACCOUNT)
         .flat_map(|n| (1..=ACCOUNTS).map(move |account| posted(account, n)))
         .collect();
-    commit_all(&pool, &events).await;
+    emit_committed(&pool, &events).await;
 
     // The first event of every account waits until all accounts' first events run at once
     // (different aggregates stay parallel); the others take a moment, which would show an
@@ -738,8 +591,8 @@ struct Blocked {
 async fn a_failing_ordered_event_blocks_only_its_aggregate(pool: PgPool) {
     migrated(&pool).await;
     let (a, b) = (1, 2);
-    let a_ids = commit_all(&pool, &[posted(a, 1), posted(a, 2)]).await;
-    let b_ids = commit_all(&pool, &(1..=5).map(|n| posted(b, n)).collect::<Vec<_>>()).await;
+    let a_ids = emit_committed(&pool, &[posted(a, 1), posted(a, 2)]).await;
+    let b_ids = emit_committed(&pool, &(1..=5).map(|n| posted(b, n)).collect::<Vec<_>>()).await;
 
     // A1 fails twice, then its third attempt waits to be released.
     async fn a1_fails_twice(ctx: EventContext<Blocked>, event: Posted) -> Result<(), HandlerError> {
@@ -806,8 +659,8 @@ async fn a1_always_fails(ctx: EventContext<Log>, event: Posted) -> Result<(), Ha
 /// A1, A2, A3 of account 1 and B1 of account 2; A1 always fails.
 async fn poisoned_account(pool: &PgPool) -> (Vec<Uuid>, Uuid) {
     migrated(pool).await;
-    let a = commit_all(pool, &[posted(1, 1), posted(1, 2), posted(1, 3)]).await;
-    let b = commit_all(pool, &[posted(2, 1)]).await[0];
+    let a = emit_committed(pool, &[posted(1, 1), posted(1, 2), posted(1, 3)]).await;
+    let b = emit_committed(pool, &[posted(2, 1)]).await[0];
     (a, b)
 }
 
@@ -855,444 +708,4 @@ async fn skip_past_delivers_the_events_after_a_dead_one(pool: PgPool) {
     let stats = outbox_runtime::stats(&pool).await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 1));
     assert_eq!((counts.delivered, counts.failed, counts.dead), (3, 2, 1));
-}
-
-// ---------------------------------------------------------------------------------------------
-// 6. Delayed events
-// ---------------------------------------------------------------------------------------------
-
-#[sqlx::test(migrations = false)]
-async fn delayed_events_wait_and_hold_back_their_aggregate(pool: PgPool) {
-    migrated(&pool).await;
-    let log = Log::default();
-    let relay = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .state(log.clone())
-            .handler(log_posted)
-            .handler(log_noted),
-    );
-
-    // Unordered, 1.5 s: read available_at before any relay can lease (and move) it.
-    let delay = Duration::from_millis(1_500);
-    let unordered = commit_with(&pool, &noted(1, 1), EmitOptions::new().delay(delay)).await;
-    let unordered_at = available_at(&pool, unordered).await;
-    let created_at: DateTime<Utc> =
-        sqlx::query_scalar("SELECT created_at FROM outbox.events WHERE event_id = $1")
-            .bind(unordered)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(unordered_at - created_at, chrono::Duration::milliseconds(1_500));
-
-    // Ordered: account 2's first event is delayed too; its second, emitted later, is not.
-    // Account 3 is a control that nothing holds back.
-    let head = commit_with(&pool, &posted(2, 1), EmitOptions::new().delay(delay)).await;
-    let head_at = available_at(&pool, head).await;
-    let next = commit_all(&pool, &[posted(2, 2)]).await[0];
-    let control = commit_all(&pool, &[posted(3, 1)]).await[0];
-
-    for id in [unordered, head, next, control] {
-        eventually("every event is published", || async { row_state(&pool, id).await.published })
-            .await;
-    }
-    relay.stop().await;
-
-    let seen = log.first_of(1, 1);
-    assert_eq!(seen.attempt, 1);
-    assert!(seen.at >= unordered_at, "handled at {} before available_at {unordered_at}", seen.at);
-    assert_eq!(log.ids_of(2), [head, next], "the delayed event first, then the later one");
-    assert!(log.first_of(2, 1).at >= head_at, "the delayed head waited for its time");
-    assert!(log.first_of(2, 2).at >= head_at, "the later event waited for the delayed one");
-    assert!(
-        log.first_of(3, 1).at < head_at,
-        "the relay was delivering other accounts meanwhile, so the wait was ordering's"
-    );
-    assert!(log.all().iter().all(|s| s.attempt == 1));
-}
-
-// ---------------------------------------------------------------------------------------------
-// 7. Transactional handlers
-// ---------------------------------------------------------------------------------------------
-
-async fn create_projection(pool: &PgPool) {
-    sqlx::query("CREATE TABLE projection (event_id uuid NOT NULL, attempt int4 NOT NULL)")
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
-/// The committed projection rows: `(event_id, attempt)`.
-async fn projection(pool: &PgPool) -> Vec<(Uuid, i32)> {
-    sqlx::query_as("SELECT event_id, attempt FROM projection ORDER BY attempt")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
-/// Writes the delivery into the projection, in the handler's transaction.
-async fn project<S>(ctx: &mut TransactionContext<S>) -> Result<(), sqlx::Error> {
-    let (event_id, attempt) = (ctx.event_id(), i32::try_from(ctx.attempt()).unwrap());
-    sqlx::query("INSERT INTO projection (event_id, attempt) VALUES ($1, $2)")
-        .bind(event_id)
-        .bind(attempt)
-        .execute(&mut **ctx.tx())
-        .await?;
-    Ok(())
-}
-
-/// State of the transactional handlers that stall.
-#[derive(Clone, Default)]
-struct Stall {
-    log: Log,
-    started: Arc<Notify>,
-    finish: Arc<Notify>,
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_transactional_handler_commits_its_writes_with_the_acknowledgement(pool: PgPool) {
-    migrated(&pool).await;
-    create_projection(&pool).await;
-    let id = commit_all(&pool, &[noted(1, 1)]).await[0];
-
-    async fn projects(mut ctx: TransactionContext<Log>, event: Noted) -> Result<(), BoxError> {
-        ctx.state().record(&ctx, event.account, event.n);
-        project(&mut ctx).await?;
-        Ok(())
-    }
-    let log = Log::default();
-    let counts =
-        deliver(&pool, fast(Relay::builder(pool.clone())).state(log.clone()).handler(projects), id)
-            .await;
-
-    assert_eq!(projection(&pool).await, [(id, 1)]);
-    assert_eq!(log.len(), 1, "the handler ran once");
-    let row = row_state(&pool, id).await;
-    assert_eq!((row.published, row.attempts), (true, 0));
-    assert_eq!((counts.delivered, counts.failed, counts.lost_leases), (1, 0, 0));
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_failing_transactional_handler_leaves_no_writes(pool: PgPool) {
-    migrated(&pool).await;
-    create_projection(&pool).await;
-    let id = commit_all(&pool, &[noted(1, 1)]).await[0];
-
-    async fn writes_then_fails_once(
-        mut ctx: TransactionContext<Log>,
-        event: Noted,
-    ) -> Result<(), BoxError> {
-        ctx.state().record(&ctx, event.account, event.n);
-        project(&mut ctx).await?;
-        if ctx.attempt() == 1 {
-            return Err("the read model rejected it after writing".into());
-        }
-        Ok(())
-    }
-    let log = Log::default();
-    let counts = deliver(
-        &pool,
-        fast(Relay::builder(pool.clone())).state(log.clone()).handler(writes_then_fails_once),
-        id,
-    )
-    .await;
-
-    assert_eq!(projection(&pool).await, [(id, 2)], "only the second attempt's write stands");
-    assert_eq!(log.of(1), [(1, 1), (1, 2)]);
-    let row = row_state(&pool, id).await;
-    assert_eq!(row.attempts, 1);
-    assert_eq!(row.last_error.as_deref(), Some("the read model rejected it after writing"));
-    assert_eq!((counts.delivered, counts.failed), (1, 1));
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_relay_killed_inside_a_transactional_handler_leaves_no_writes(pool: PgPool) {
-    migrated(&pool).await;
-    create_projection(&pool).await;
-    let id = commit_all(&pool, &[noted(1, 1)]).await[0];
-
-    // The first attempt writes, then hangs until the relay dies.
-    async fn writes_then_hangs_once(
-        mut ctx: TransactionContext<Stall>,
-        event: Noted,
-    ) -> Result<(), BoxError> {
-        ctx.state().log.record(&ctx, event.account, event.n);
-        project(&mut ctx).await?;
-        if ctx.attempt() == 1 {
-            ctx.state().started.notify_one();
-            std::future::pending::<()>().await;
-        }
-        Ok(())
-    }
-    let stall = Stall::default();
-    let doomed = Relay::builder(pool.clone())
-        .state(stall.clone())
-        .handler(writes_then_hangs_once)
-        .lease_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let doomed = tokio::spawn(doomed.run_until(std::future::pending()));
-    signalled(&stall.started, "the handler wrote and hangs").await;
-    assert_eq!(projection(&pool).await, [], "the write is not committed yet");
-
-    doomed.abort(); // the relay dies inside the handler
-    let _ = doomed.await;
-    assert_eq!(projection(&pool).await, []);
-    let row = row_state(&pool, id).await;
-    assert!(!row.published && row.leased, "the event is neither published nor handed back");
-    eventually("the dead relay's transaction is rolled back", || async {
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        open == 0
-    })
-    .await;
-
-    // Once the lease expires, another relay delivers it, and the projection is written once.
-    let heir_stall = Stall::default();
-    let heir = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .state(heir_stall.clone())
-            .handler(writes_then_hangs_once),
-    );
-    eventually("the heir publishes the event", || async { row_state(&pool, id).await.published })
-        .await;
-    let counts = heir.stop().await;
-
-    assert_eq!(projection(&pool).await, [(id, 2)], "written exactly once, by the second attempt");
-    assert_eq!(stall.log.of(1), [(1, 1)]);
-    assert_eq!(heir_stall.log.of(1), [(1, 2)], "the expired lease counts as an attempt");
-    assert_eq!(counts.delivered, 1);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_transactional_handler_cannot_commit_under_a_stolen_lease(pool: PgPool) {
-    migrated(&pool).await;
-    create_projection(&pool).await;
-    let id = commit_all(&pool, &[noted(1, 1)]).await[0];
-
-    async fn writes_then_waits(
-        mut ctx: TransactionContext<Stall>,
-        event: Noted,
-    ) -> Result<(), BoxError> {
-        let stall = ctx.state().clone();
-        stall.log.record(&ctx, event.account, event.n);
-        project(&mut ctx).await?;
-        stall.started.notify_one();
-        stall.finish.notified().await;
-        Ok(())
-    }
-    // A 30 s lease is renewed every 10 s: the renewer does not notice the theft in this test.
-    let stall = Stall::default();
-    let relay = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .state(stall.clone())
-            .handler(writes_then_waits)
-            .lease_timeout(Duration::from_secs(30)),
-    );
-    signalled(&stall.started, "the handler wrote").await;
-    let stolen: Uuid = sqlx::query_scalar(
-        "UPDATE outbox.events SET lease_token = gen_random_uuid() WHERE event_id = $1 \
-         RETURNING lease_token",
-    )
-    .bind(id)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    stall.finish.notify_one();
-    eventually("the relay counts the lost lease", || async {
-        relay.metrics.counts().lost_leases == 1
-    })
-    .await;
-
-    assert_eq!(projection(&pool).await, [], "the handler's write is rolled back");
-    assert!(!row_state(&pool, id).await.published);
-    assert_eq!(lease_token(&pool, id).await, Some(stolen), "the new lease holder keeps the row");
-    let counts = relay.stop().await;
-    assert_eq!((counts.delivered, counts.failed, counts.lost_leases), (0, 0, 1));
-    assert_eq!(stall.log.len(), 1);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_follow_up_event_exists_iff_the_delivery_committed(pool: PgPool) {
-    migrated(&pool).await;
-    let id = commit_all(&pool, &[noted(1, 1)]).await[0];
-
-    type FollowUps = Arc<Mutex<Vec<(u32, Uuid)>>>;
-    async fn emits_follow_up(
-        mut ctx: TransactionContext<FollowUps>,
-        event: Noted,
-    ) -> Result<(), BoxError> {
-        let attempt = ctx.attempt();
-        let follow_up = Audited { account: event.account, n: attempt };
-        let follow_id = outbox_runtime::emit(ctx.tx(), &follow_up).await?;
-        ctx.state().lock().unwrap().push((attempt, follow_id));
-        if attempt == 1 {
-            return Err("failed after emitting".into());
-        }
-        Ok(())
-    }
-    let follow_ups = FollowUps::default();
-    let counts = deliver(
-        &pool,
-        fast(Relay::builder(pool.clone())).state(follow_ups.clone()).handler(emits_follow_up),
-        id,
-    )
-    .await;
-
-    let emitted = follow_ups.lock().unwrap().clone();
-    assert_eq!(emitted.len(), 2);
-    let stored: Vec<(Uuid, i64)> = sqlx::query_as(
-        "SELECT event_id, (payload->>'n')::int8 FROM outbox.events WHERE aggregate_type = 'audit'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    assert_eq!(stored, [(emitted[1].1, 2)], "only the committed delivery's follow-up exists");
-    assert_eq!((counts.delivered, counts.failed), (1, 1));
-}
-
-// ---------------------------------------------------------------------------------------------
-// 8. Idempotent emit
-// ---------------------------------------------------------------------------------------------
-
-fn keyed(key: &str) -> EmitOptions {
-    EmitOptions::new().idempotency_key(key)
-}
-
-/// `(event_id, n)` of the rows stored under `key` for `aggregate_type`.
-async fn keyed_rows(pool: &PgPool, aggregate_type: &str, key: &str) -> Vec<(Uuid, i64)> {
-    sqlx::query_as(
-        "SELECT event_id, (payload->>'n')::int8 FROM outbox.events \
-         WHERE aggregate_type = $1 AND idempotency_key = $2 ORDER BY seq",
-    )
-    .bind(aggregate_type)
-    .bind(key)
-    .fetch_all(pool)
-    .await
-    .unwrap()
-}
-
-async fn count_all(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_repeated_key_returns_the_first_event(pool: PgPool) {
-    migrated(&pool).await;
-    let first = commit_with(&pool, &noted(1, 1), keyed("req-1")).await;
-    let again = commit_with(&pool, &noted(1, 2), keyed("req-1")).await;
-    assert_eq!(again, first, "the duplicate returns the first event's id");
-    assert_eq!(keyed_rows(&pool, "account", "req-1").await, [(first, 1)], "the first event stands");
-
-    // The scope is the aggregate type: another account, or an ordered type of the same
-    // aggregate type, is the same key.
-    assert_eq!(commit_with(&pool, &noted(2, 3), keyed("req-1")).await, first);
-    assert_eq!(commit_with(&pool, &posted(1, 4), keyed("req-1")).await, first);
-    assert_eq!(count_all(&pool).await, 1);
-
-    // Another key is another event.
-    let second = commit_with(&pool, &noted(1, 5), keyed("req-2")).await;
-    assert_ne!(second, first);
-    assert_eq!(keyed_rows(&pool, "account", "req-2").await, [(second, 5)]);
-
-    // The same key under another aggregate type is another event.
-    let audit = commit_with(&pool, &Audited { account: 1, n: 6 }, keyed("req-1")).await;
-    assert_ne!(audit, first);
-    assert_eq!(keyed_rows(&pool, "audit", "req-1").await, [(audit, 6)]);
-    assert_eq!(keyed_rows(&pool, "account", "req-1").await, [(first, 1)]);
-    assert_eq!(count_all(&pool).await, 3);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_repeated_key_within_one_transaction_returns_the_first_event(pool: PgPool) {
-    migrated(&pool).await;
-    let mut tx = pool.begin().await.unwrap();
-    let first = outbox_runtime::emit_with(&mut tx, &noted(1, 1), keyed("req")).await.unwrap();
-    let again = outbox_runtime::emit_with(&mut tx, &noted(1, 2), keyed("req")).await.unwrap();
-    let ordered = outbox_runtime::emit_with(&mut tx, &posted(1, 3), keyed("o")).await.unwrap();
-    let ordered_again =
-        outbox_runtime::emit_with(&mut tx, &posted(1, 4), keyed("o")).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(again, first);
-    assert_eq!(ordered_again, ordered);
-    assert_eq!(keyed_rows(&pool, "account", "req").await, [(first, 1)]);
-    assert_eq!(keyed_rows(&pool, "account", "o").await, [(ordered, 3)]);
-    assert_eq!(count_all(&pool).await, 2);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_key_names_one_event_not_a_batch(pool: PgPool) {
-    migrated(&pool).await;
-    let mut tx = pool.begin().await.unwrap();
-    let batch = [noted(1, 1), noted(1, 2)];
-    let err = outbox_runtime::emit_all_with(&mut tx, &batch, keyed("req")).await.unwrap_err();
-    assert!(matches!(err, Error::InvalidEvent { reason: InvalidEvent::KeyedBatch, .. }), "{err:?}");
-    // Nothing was written and the transaction is still usable.
-    let ids = outbox_runtime::emit_all_with(&mut tx, &batch[..1], keyed("req")).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(ids.len(), 1);
-    assert_eq!(keyed_rows(&pool, "account", "req").await, [(ids[0], 1)]);
-    assert_eq!(count_all(&pool).await, 1);
-}
-
-/// tx1 emits `first` under `key` and stays open; tx2, on another connection, emits `second`
-/// under the same key and must wait; then tx1 commits or rolls back.
-async fn race<E>(pool: &PgPool, first: E, second: E, key: &'static str, tx1_commits: bool)
-where
-    E: OutboxEvent + Send + Sync + 'static,
-{
-    let mut tx1 = pool.begin().await.unwrap();
-    let first_id = outbox_runtime::emit_with(&mut tx1, &first, keyed(key)).await.unwrap();
-
-    let (pid_tx, pid_rx) = oneshot::channel();
-    let racer = tokio::spawn({
-        let pool = pool.clone();
-        async move {
-            let mut tx2 = pool.begin().await.unwrap();
-            pid_tx.send(backend_pid(&mut tx2).await).unwrap();
-            let id = outbox_runtime::emit_with(&mut tx2, &second, keyed(key)).await.unwrap();
-            tx2.commit().await.unwrap();
-            id
-        }
-    });
-    let pid = pid_rx.await.unwrap();
-    eventually("the racer waits for tx1", || async { waits_for_lock(pool, pid).await }).await;
-    assert!(!racer.is_finished());
-
-    if tx1_commits {
-        tx1.commit().await.unwrap();
-    } else {
-        tx1.rollback().await.unwrap();
-    }
-    let second_id = within(racer, "the racer commits").await.unwrap();
-    let rows = keyed_rows(pool, E::AGGREGATE_TYPE, key).await;
-    if tx1_commits {
-        assert_eq!(second_id, first_id, "{key}: the racer gets the committed event's id");
-        assert_eq!(rows.len(), 1, "{key}: one event");
-        assert_eq!(rows[0].0, first_id);
-    } else {
-        assert_ne!(second_id, first_id, "{key}: the racer stores its own event");
-        assert_eq!(rows.len(), 1, "{key}: one event");
-        assert_eq!(rows[0].0, second_id);
-    }
-}
-
-#[sqlx::test(migrations = false)]
-async fn racing_duplicate_keys_end_with_one_event(pool: PgPool) {
-    migrated(&pool).await;
-    race(&pool, noted(1, 1), noted(1, 2), "unordered", true).await;
-    race(&pool, posted(1, 1), posted(1, 2), "ordered", true).await;
-    assert_eq!(count_all(&pool).await, 2);
-}
-
-#[sqlx::test(migrations = false)]
-async fn a_rolled_back_key_leaves_the_racer_its_own_event(pool: PgPool) {
-    migrated(&pool).await;
-    race(&pool, noted(1, 1), noted(1, 2), "unordered", false).await;
-    race(&pool, posted(1, 1), posted(1, 2), "ordered", false).await;
-    assert_eq!(count_all(&pool).await, 2);
 }

@@ -13,12 +13,11 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::{
-    emit, emit_all, emit_with, EmitOptions, Error, EventContext, OutboxEvent, Relay,
-    TransactionContext,
+    emit, emit_all, emit_with, EmitOptions, Error, EventContext, Relay, TransactionContext,
 };
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
+use support::accounts::Posted;
 use support::*;
 use uuid::Uuid;
 
@@ -163,18 +162,6 @@ fn assert_op_denied<T: std::fmt::Debug>(what: &str, result: Result<T, Error>) {
 
 async fn execute(pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
     sqlx::query(sql).execute(pool).await.map(|done| done.rows_affected())
-}
-
-async fn count_rows(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(pool).await.unwrap()
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "account", event_type = "account.posted", ordered)]
-struct Posted {
-    #[outbox(id)]
-    account: u32,
-    n: u32,
 }
 
 // ---------------------------------------------------------------------------------------------

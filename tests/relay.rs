@@ -33,10 +33,6 @@ impl Log {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct HandlerError(String);
-
 async fn log_placed(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
     ctx.state().record(&ctx);
     Ok(())

@@ -9,6 +9,11 @@ use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+/// `migrated`, `emit_committed`, `dead_row`, `backdate`, `database_url`: the workspace tests'.
+#[path = "../../tests/support/db.rs"]
+mod db;
+use db::*;
+
 const SCHEMA_MISSING: &str = "the outbox schema is missing: run `outbox migrate`";
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
@@ -69,44 +74,8 @@ fn outbox_raw(args: &[&str]) -> Run {
 
 /// The binary against the test's database.
 fn outbox(pool: &PgPool, args: &[&str]) -> Run {
-    let url = url(pool);
+    let url = database_url(pool);
     outbox_raw(&[&["--database-url", url.as_str()], args].concat())
-}
-
-/// The test database's URL, from the pool `#[sqlx::test]` made (trust auth: no password).
-fn url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().unwrap_or("postgres")
-    )
-}
-
-async fn migrated(pool: &PgPool) {
-    outbox_runtime::migrate(pool).await.unwrap();
-}
-
-/// Inserts a dead event; ids are UUIDv7, so insertion order is list order.
-async fn dead(pool: &PgPool, aggregate_type: &str, event_type: &str, error: &str) -> Uuid {
-    let event_id = Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
-                                    headers, attempts, last_error, dead_at) \
-         VALUES ($1, $2, 'agg-1', $3, $4, $5, 10, $6, now())",
-    )
-    .bind(event_id)
-    .bind(aggregate_type)
-    .bind(event_type)
-    .bind(json!({ "total_cents": 4200, "lines": [1, 2] }))
-    .bind(json!({ "request_id": "req-7" }))
-    .bind(error)
-    .execute(pool)
-    .await
-    .unwrap();
-    event_id
 }
 
 /// Inserts an event published `age` ago (a PostgreSQL interval).
@@ -181,8 +150,8 @@ async fn status_matches_the_database(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    dead(&pool, "order", "order.placed", "boom").await;
-    dead(&pool, "payment", "payment.failed", "boom").await;
+    dead_row(&pool, "order", "order.placed", "boom").await;
+    dead_row(&pool, "payment", "payment.failed", "boom").await;
     published(&pool, "1 day").await;
 
     let report = outbox(&pool, &["status", "--json"]).json();
@@ -248,12 +217,10 @@ async fn status_of_an_empty_outbox(pool: PgPool) {
 async fn dead_list_filters_pages_and_truncates(pool: PgPool) {
     migrated(&pool).await;
     let long_error = format!("{}\nsecond line of the trace", "x".repeat(200));
-    let a = dead(&pool, "order", "order.placed", &long_error).await;
-    let b = dead(&pool, "order", "order.paid", "downstream 503").await;
-    let c = dead(&pool, "user", "user.created", "timeout").await;
-    let mut tx = pool.begin().await.unwrap();
-    emit(&mut tx, &OrderPlaced { order_id: 9 }).await.unwrap(); // pending: never listed
-    tx.commit().await.unwrap();
+    let a = dead_row(&pool, "order", "order.placed", &long_error).await;
+    let b = dead_row(&pool, "order", "order.paid", "downstream 503").await;
+    let c = dead_row(&pool, "user", "user.created", "timeout").await;
+    emit_committed(&pool, &[OrderPlaced { order_id: 9 }]).await; // pending: never listed
 
     let listed = |args: &[&str]| {
         let report = outbox(&pool, &[&["dead", "list", "--json"], args].concat()).json();
@@ -306,7 +273,7 @@ async fn dead_list_filters_pages_and_truncates(pool: PgPool) {
 async fn dead_show_prints_everything(pool: PgPool) {
     migrated(&pool).await;
     let error = "handler failed: downstream 503\n  at checkout::pay\n  at relay::deliver";
-    let id = dead(&pool, "order", "order.placed", error).await;
+    let id = dead_row(&pool, "order", "order.placed", error).await;
 
     let text = outbox(&pool, &["dead", "show", &id.to_string()]).ok().stdout;
     assert_eq!(field(&text, "event id"), id.to_string());
@@ -337,9 +304,7 @@ async fn dead_show_prints_everything(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn dead_show_of_an_event_that_is_not_dead_fails(pool: PgPool) {
     migrated(&pool).await;
-    let mut tx = pool.begin().await.unwrap();
-    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
-    tx.commit().await.unwrap();
+    let pending = emit_committed(&pool, &[OrderPlaced { order_id: 1 }]).await[0];
     for id in [Uuid::now_v7(), pending] {
         let stderr = outbox(&pool, &["dead", "show", &id.to_string()]).fails(1);
         assert_eq!(stderr, format!("error: no dead event with id {id}\n"));
@@ -349,10 +314,10 @@ async fn dead_show_of_an_event_that_is_not_dead_fails(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn requeue_one_a_filter_or_all(pool: PgPool) {
     migrated(&pool).await;
-    let a = dead(&pool, "order", "order.placed", "first failure").await;
-    let b = dead(&pool, "order", "order.paid", "second failure").await;
-    let c = dead(&pool, "user", "user.created", "third failure").await;
-    let d = dead(&pool, "user", "user.deleted", "fourth failure").await;
+    let a = dead_row(&pool, "order", "order.placed", "first failure").await;
+    let b = dead_row(&pool, "order", "order.paid", "second failure").await;
+    let c = dead_row(&pool, "user", "user.created", "third failure").await;
+    let d = dead_row(&pool, "user", "user.deleted", "fourth failure").await;
 
     let run = outbox(&pool, &["dead", "requeue", &a.to_string()]).ok();
     assert_eq!(run.stdout, "requeued 1 dead event\n");
@@ -391,13 +356,11 @@ async fn requeue_one_a_filter_or_all(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn discard_one_a_filter_or_all(pool: PgPool) {
     migrated(&pool).await;
-    let a = dead(&pool, "order", "order.placed", "boom").await;
-    let b = dead(&pool, "order", "order.paid", "boom").await;
-    let c = dead(&pool, "user", "user.created", "boom").await;
-    let d = dead(&pool, "payment", "payment.failed", "boom").await;
-    let mut tx = pool.begin().await.unwrap();
-    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
-    tx.commit().await.unwrap();
+    let a = dead_row(&pool, "order", "order.placed", "boom").await;
+    let b = dead_row(&pool, "order", "order.paid", "boom").await;
+    let c = dead_row(&pool, "user", "user.created", "boom").await;
+    let d = dead_row(&pool, "payment", "payment.failed", "boom").await;
+    let pending = emit_committed(&pool, &[OrderPlaced { order_id: 1 }]).await[0];
 
     let run = outbox(&pool, &["dead", "discard", &a.to_string()]).ok();
     assert_eq!(run.stdout, "discarded 1 dead event\n");
@@ -420,8 +383,8 @@ async fn discard_one_a_filter_or_all(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn requeue_and_discard_need_an_explicit_selector(pool: PgPool) {
     migrated(&pool).await;
-    let a = dead(&pool, "order", "order.placed", "boom").await;
-    let b = dead(&pool, "user", "user.created", "boom").await;
+    let a = dead_row(&pool, "order", "order.placed", "boom").await;
+    let b = dead_row(&pool, "user", "user.created", "boom").await;
     let id = a.to_string();
     for action in ["requeue", "discard"] {
         for args in [
@@ -449,24 +412,10 @@ async fn purge_deletes_only_old_published_events(pool: PgPool) {
     published(&pool, "8 days").await;
     let recent = published(&pool, "2 days").await;
     let yesterday = published(&pool, "1 day").await;
-    let dead_id = dead(&pool, "order", "order.placed", "boom").await;
-    sqlx::query(
-        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
-    )
-    .bind(dead_id)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    let pending = emit(&mut tx, &OrderPlaced { order_id: 1 }).await.unwrap();
-    tx.commit().await.unwrap();
-    sqlx::query(
-        "UPDATE outbox.events SET created_at = now() - interval '30 days' WHERE event_id = $1",
-    )
-    .bind(pending)
-    .execute(&pool)
-    .await
-    .unwrap();
+    let dead_id = dead_row(&pool, "order", "order.placed", "boom").await;
+    backdate(&pool, dead_id, "30 days").await;
+    let pending = emit_committed(&pool, &[OrderPlaced { order_id: 1 }]).await[0];
+    backdate(&pool, pending, "30 days").await;
 
     let run = outbox(&pool, &["purge", "--older-than", "7d"]).ok();
     assert_eq!(run.stdout, "purged 2 events published more than 7d ago\n");
@@ -486,7 +435,7 @@ async fn database_url_comes_from_the_environment_too(pool: PgPool) {
     migrated(&pool).await;
     let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["status", "--json"])
-        .env("DATABASE_URL", url(&pool))
+        .env("DATABASE_URL", database_url(&pool))
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

@@ -1,15 +1,21 @@
 //! Events and helpers shared by the integration tests.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod accounts;
+mod db;
+
 use std::future::Future;
 use std::time::Duration;
 
-use outbox_runtime::{Backoff, OutboxEvent, RelayBuilder, RelayCounts, RelayMetrics};
+use chrono::{DateTime, Utc};
+use outbox_runtime::{Backoff, EmitOptions, OutboxEvent, RelayBuilder, RelayCounts, RelayMetrics};
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
-use tokio::sync::oneshot;
+use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
+
+pub use db::*;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", event_type = "order.placed")]
@@ -39,17 +45,22 @@ pub fn placed(n: i64) -> OrderPlaced {
     OrderPlaced { order_id: Uuid::now_v7(), total_cents: n }
 }
 
-/// Applies the outbox schema to a test database.
-pub async fn migrated(pool: &PgPool) {
-    outbox_runtime::migrate(pool).await.expect("outbox migrations apply");
+/// A handler error that is just its message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HandlerError(pub String);
+
+/// Emits `event` with `options` in one committed transaction; returns its id.
+pub async fn commit_with<E: OutboxEvent>(pool: &PgPool, event: &E, options: EmitOptions) -> Uuid {
+    let mut tx = pool.begin().await.unwrap();
+    let id = outbox_runtime::emit_with(&mut tx, event, options).await.unwrap();
+    tx.commit().await.unwrap();
+    id
 }
 
-/// Emits `events` in one committed transaction; returns their ids.
-pub async fn emit_committed(pool: &PgPool, events: &[OrderPlaced]) -> Vec<Uuid> {
-    let mut tx = pool.begin().await.unwrap();
-    let ids = outbox_runtime::emit_all(&mut tx, events).await.unwrap();
-    tx.commit().await.unwrap();
-    ids
+/// Every row of `outbox.events` that `executor` sees, whatever its state.
+pub async fn count_rows<'e>(executor: impl PgExecutor<'e>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(executor).await.unwrap()
 }
 
 /// Polls `check` until it returns true; panics after 30 s so a hung relay fails the test.
@@ -63,6 +74,44 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits for a signal; panics after 30 s so a missing one fails the test instead of hanging it.
+pub async fn signalled(notify: &Notify, what: &str) {
+    within(notify.notified(), what).await;
+}
+
+/// Awaits `future`; panics after 30 s so a hung one fails the test instead of hanging it.
+pub async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
+    tokio::time::timeout(Duration::from_secs(30), future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+}
+
+/// The backend process id of the transaction's connection.
+pub async fn backend_pid(tx: &mut Transaction<'_, Postgres>) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut **tx).await.unwrap()
+}
+
+/// Whether the backend `pid` is blocked waiting for a lock.
+pub async fn waits_for_lock(pool: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity \
+         WHERE pid = $1",
+    )
+    .bind(pid)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// When the row becomes available to a relay.
+pub async fn available_at(pool: &PgPool, id: Uuid) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT available_at FROM outbox.events WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// A `(published, dead, attempts, expired leases, last_error, leased, available)` view of one row.
