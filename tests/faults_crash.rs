@@ -23,7 +23,7 @@ use std::time::Duration;
 use outbox_runtime::OutboxEvent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use support::{migrated, CpuBurner};
+use support::{database_url, migrated, CpuBurner};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -154,18 +154,6 @@ impl Counts {
         }
         counts
     }
-}
-
-/// The test database's URL for the child processes (trust auth: no password).
-fn database_url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().expect("sqlx::test names the database")
-    )
 }
 
 /// How long a test may keep the cores busy at most.
