@@ -20,6 +20,11 @@ pub enum Error {
     #[error("the outbox schema is missing: run `outbox_runtime::migrate` first")]
     SchemaMissing,
 
+    /// The relay's forwarding sink is not set up to take its messages (broker unreachable, no
+    /// stream or exchange): checked before the relay starts.
+    #[error("the forwarding sink is not ready")]
+    Sink(#[source] crate::forward::SinkError),
+
     /// An event could not be stored; nothing was written.
     #[error("cannot emit `{event_type}` event")]
     InvalidEvent {

@@ -19,6 +19,7 @@ pub mod dead_letters;
 mod emit;
 mod error;
 mod event;
+pub mod forward;
 mod json;
 mod migrate;
 mod relay;

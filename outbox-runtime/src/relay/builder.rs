@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::event::OutboxEvent;
+use crate::forward::{Forward, ForwardRoute};
 use crate::relay::config::{Backoff, DeadOrderedEvents, RelayConfig, UnknownEvents};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
@@ -19,6 +20,7 @@ pub struct RelayBuilder<S = ()> {
     pool: PgPool,
     state: S,
     handlers: Vec<Registered<S>>,
+    forward: Option<Forward>,
     config: RelayConfig,
 }
 
@@ -51,6 +53,19 @@ pub enum BuildError {
     /// No handler was registered, so the relay would deliver nothing.
     #[error("the relay has no handlers: register at least one with `handler`")]
     NoHandlers,
+    /// A forwarded event type also has a handler: the relay would not know where its rows go.
+    #[error(
+        "aggregate `{aggregate_type}`, event type `{event_type}` is both forwarded and handled \
+         (by `{handler}`): forward it or handle it"
+    )]
+    ForwardedAndHandled {
+        /// The aggregate type.
+        aggregate_type: String,
+        /// The event type.
+        event_type: String,
+        /// The Rust event type of the handler.
+        handler: &'static str,
+    },
     /// A setting is out of range.
     #[error("invalid relay setting: {0}")]
     InvalidSetting(&'static str),
@@ -64,7 +79,13 @@ impl Relay<()> {
     /// to four to acknowledge and renew, for retention and gauges, and to register for
     /// wake-ups, and one to LISTEN for new events.
     pub fn builder(pool: PgPool) -> RelayBuilder<()> {
-        RelayBuilder { pool, state: (), handlers: Vec::new(), config: RelayConfig::default() }
+        RelayBuilder {
+            pool,
+            state: (),
+            handlers: Vec::new(),
+            forward: None,
+            config: RelayConfig::default(),
+        }
     }
 }
 
@@ -83,7 +104,13 @@ impl RelayBuilder<()> {
                 route: Box::new(Stateless(h.route)) as Box<dyn Route<S>>,
             })
             .collect();
-        RelayBuilder { pool: self.pool, state, handlers, config: self.config }
+        RelayBuilder {
+            pool: self.pool,
+            state,
+            handlers,
+            forward: self.forward,
+            config: self.config,
+        }
     }
 }
 
@@ -117,6 +144,28 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             event_name: std::any::type_name::<E>(),
             route,
         });
+        self
+    }
+
+    /// Forwards events to a broker (see [`forward`](crate::forward)): every type no handler
+    /// takes, or the types named with [`Forward::only`]. A row is published once the broker
+    /// confirmed its message; a refusal is a failed delivery, retried with backoff and dead
+    /// after `max_attempts`. The sink is checked when the relay starts.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "nats")]
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_runtime::forward::{nats::NatsSink, Forward};
+    ///
+    /// let client = async_nats::connect("127.0.0.1:4222").await?;
+    /// let sink = NatsSink::new(client, "EVENTS");
+    /// let relay = outbox_runtime::Relay::builder(pool)
+    ///     .forward(Forward::to(sink).destination("events.{aggregate_type}.{event_type}"))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn forward(mut self, forward: Forward) -> Self {
+        self.forward = Some(forward);
         self
     }
 
@@ -233,7 +282,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         if config.poll_interval.is_zero() {
             return Err(BuildError::InvalidSetting("poll_interval must be positive"));
         }
-        if self.handlers.is_empty() {
+        if self.handlers.is_empty() && self.forward.is_none() {
             return Err(BuildError::NoHandlers);
         }
 
@@ -252,16 +301,38 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             routes.insert(key, Arc::from(handler.route));
         }
 
+        // The sink takes every leased row no handler takes: with `Forward::only`, the relay
+        // leases just the handled and the forwarded types; without, it leases every type.
+        let sink = self.forward.as_ref().map(|forward| forward.sink.clone());
+        let forwarded = self.forward.as_ref().map(|forward| forward.event_types.clone());
+        let fallback = self.forward.map(|forward| {
+            let route: Arc<dyn Route<S>> = Arc::new(ForwardRoute::new(forward));
+            route
+        });
+        let mut pairs: Vec<(String, String)> =
+            routes.keys().map(|&(a, e)| (a.to_owned(), e.to_owned())).collect();
+        for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
+            if let Some(&first) = names.get(&(aggregate_type.as_str(), event_type.as_str())) {
+                return Err(BuildError::ForwardedAndHandled {
+                    aggregate_type,
+                    event_type,
+                    handler: first,
+                });
+            }
+            pairs.push((aggregate_type, event_type));
+        }
+
         // Decided once here, not in the loop: which rows every lease asks for, and which
         // wake-ups a sleeping relay wants.
-        let (types, wakes_for) = match config.unknown_events {
-            UnknownEvents::LeaveForOthers => {
-                let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
-                    routes.keys().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
-                let wakes_for = Some(event_types.clone());
-                (LeaseTypes::Only { aggregate_types, event_types }, wakes_for)
-            }
-            UnknownEvents::Fail => (LeaseTypes::All, None),
+        let every_type =
+            matches!(forwarded, Some(None)) || config.unknown_events == UnknownEvents::Fail;
+        let (types, wakes_for) = if every_type {
+            (LeaseTypes::All, None)
+        } else {
+            let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
+                pairs.into_iter().unzip();
+            let wakes_for = Some(event_types.clone());
+            (LeaseTypes::Only { aggregate_types, event_types }, wakes_for)
         };
         let plan = Plan {
             lease: LeasePlan {
@@ -277,6 +348,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             pool: self.pool,
             state: self.state,
             routes,
+            fallback,
+            sink,
             config,
             plan,
             metrics: RelayMetrics::default(),

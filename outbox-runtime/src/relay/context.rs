@@ -6,7 +6,9 @@ use uuid::Uuid;
 /// What the relay knows of a leased row besides its payload.
 pub(crate) struct RowMeta {
     pub(crate) event_id: Uuid,
+    pub(crate) aggregate_type: String,
     pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
     pub(crate) headers: serde_json::Value,
     pub(crate) attempt: u32,
     pub(crate) created_at: DateTime<Utc>,
@@ -26,7 +28,7 @@ pub struct EventContext<S = ()> {
 
 impl<S> EventContext<S> {
     pub(crate) fn new(state: S, meta: RowMeta) -> Self {
-        let RowMeta { event_id, aggregate_id, headers, attempt, created_at } = meta;
+        let RowMeta { event_id, aggregate_id, headers, attempt, created_at, .. } = meta;
         Self { state, event_id, aggregate_id, headers, attempt, created_at }
     }
 

@@ -75,7 +75,9 @@ impl<S> Delivery<S> {
             };
             let meta = RowMeta {
                 event_id: row.event_id,
+                aggregate_type: row.aggregate_type,
                 aggregate_id: row.aggregate_id,
+                event_type: row.event_type,
                 headers: row.headers,
                 attempt,
                 created_at: row.created_at,

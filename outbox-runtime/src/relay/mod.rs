@@ -43,13 +43,15 @@ use crate::store::{LeasePlan, LeasedEvent};
 use acker::Acker;
 use config::RelayConfig;
 use connections::Connections;
-use handler::Route;
 use held::Held;
 use work::Work;
 
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
 pub use context::EventContext;
+pub(crate) use context::RowMeta;
+pub(crate) use decode::DecodeError;
+pub(crate) use handler::{DeliveryLease, Route, RouteFuture, Settled};
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::TransactionContext;
@@ -65,6 +67,10 @@ pub struct Relay<S = ()> {
     pool: PgPool,
     state: S,
     routes: Routes<S>,
+    /// Where rows go that no handler takes, when the relay forwards every other type.
+    fallback: Option<Arc<dyn Route<S>>>,
+    /// The sink the relay forwards to, checked at start.
+    sink: Option<Arc<dyn crate::forward::Sink>>,
     config: RelayConfig,
     plan: Plan,
     metrics: RelayMetrics,
@@ -100,6 +106,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// ```
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<RelayCounts, Error> {
         let config = &self.config;
+        if let Some(sink) = &self.sink {
+            sink.check().await.map_err(Error::Sink)?;
+        }
         let connections = Connections::open(&self.pool);
         let wake = Arc::new(Notify::new());
         let held = Held::new(config.lease_timeout);
@@ -150,10 +159,11 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         chores
     }
 
-    /// The handler's route for a leased row; `None` when no handler takes its type (the
-    /// `UnknownEvents::Fail` policy leases those too).
+    /// The route for a leased row: its handler's, else the forwarding one; `None` when neither
+    /// takes its type (the `UnknownEvents::Fail` policy leases those too).
     fn route(&self, row: &LeasedEvent) -> Option<Arc<dyn Route<S>>> {
-        self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str())).cloned()
+        let handler = self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str()));
+        handler.or(self.fallback.as_ref()).cloned()
     }
 }
 

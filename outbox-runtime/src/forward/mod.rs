@@ -1,0 +1,204 @@
+//! Forwarding: a relay that publishes events to a message broker instead of (or beside) calling
+//! in-process handlers, with everything the relay guarantees: leases and fencing, retries with
+//! backoff, dead letters, per-aggregate ordering, graceful shutdown, metrics.
+//!
+//! A row is marked published only after the broker confirmed its message (a [`Sink`] reports
+//! one outcome per message). Every sink maps a row to a message the same way:
+//!
+//! | message | from the row |
+//! |---|---|
+//! | destination (NATS subject, routing key, stream key) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
+//! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication) | `event_id` |
+//! | partition / ordering key | `aggregate_id` |
+//! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339) | the row's columns |
+//! | the emit headers, `traceparent` among them | `headers`, strings as they are, other JSON values as JSON text |
+//! | content type | `application/json` |
+//! | payload | the stored JSON, as `jsonb` prints it |
+//!
+//! With [`Forward::cloudevents`], the row's own headers take CloudEvents binary-mode names
+//! instead (`ce-id`, `ce-type`, `ce-source` = `/{aggregate_type}`, `ce-subject`, `ce-time`,
+//! `ce-specversion` = `1.0`), so consumers with a CloudEvents SDK read them as they are.
+//!
+//! A Kafka sink is a small addition on this trait: the message's `key` (the aggregate id) is the
+//! record key, so one aggregate stays on one partition, and its id a header.
+
+#[cfg(feature = "nats")]
+pub mod nats;
+mod route;
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use uuid::Uuid;
+
+pub(crate) use route::ForwardRoute;
+
+/// One message for a broker, mapped from an outbox row (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct OutboundMessage {
+    /// Where it goes: a NATS subject, a routing key, a stream key.
+    pub destination: String,
+    /// The event id: the broker's deduplication key where it has one.
+    pub id: Uuid,
+    /// The aggregate id: the partition or ordering key.
+    pub key: String,
+    /// Headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// Always `application/json`.
+    pub content_type: &'static str,
+    /// The payload as stored.
+    pub payload: Vec<u8>,
+}
+
+/// Why a broker did not take a message (or a sink cannot start).
+#[derive(Debug, thiserror::Error)]
+#[error("{destination}: {reason}")]
+pub struct SinkError {
+    /// The message's destination, or what the sink checked at start.
+    pub destination: String,
+    /// What went wrong, in the broker's words.
+    pub reason: String,
+}
+
+impl SinkError {
+    /// An error for `destination`.
+    pub fn new(destination: impl Into<String>, reason: impl fmt::Display) -> Self {
+        SinkError { destination: destination.into(), reason: reason.to_string() }
+    }
+}
+
+/// A message broker a relay forwards to. Implementations publish a batch at once (sending every
+/// message before awaiting any confirmation) and report one outcome per message, in order.
+pub trait Sink: Send + Sync + 'static {
+    /// Checks at start that the broker is reachable and set up to take the relay's messages
+    /// (a stream or exchange exists), so a misconfigured sink stops the relay with an error
+    /// instead of failing every delivery.
+    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+
+    /// Publishes `batch`; resolves once the broker confirmed (or refused) each message.
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [OutboundMessage],
+    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
+}
+
+/// How a relay forwards: to which sink, which event types, under which destinations.
+/// Register it with [`RelayBuilder::forward`](crate::RelayBuilder::forward).
+#[derive(Clone)]
+pub struct Forward {
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) destination: Template,
+    pub(crate) cloudevents: bool,
+    /// `None`: every event type no handler takes.
+    pub(crate) event_types: Option<Vec<(String, String)>>,
+}
+
+impl Forward {
+    /// Forwards every event type that no handler of the relay takes.
+    pub fn to(sink: impl Sink) -> Self {
+        Forward {
+            sink: Arc::new(sink),
+            destination: Template::parse("{aggregate_type}.{event_type}"),
+            cloudevents: false,
+            event_types: None,
+        }
+    }
+
+    /// The destination template: `{aggregate_type}`, `{event_type}` and `{aggregate_id}` are
+    /// replaced by the row's values. Default `{aggregate_type}.{event_type}`.
+    pub fn destination(mut self, template: &str) -> Self {
+        self.destination = Template::parse(template);
+        self
+    }
+
+    /// Forwards only these `(aggregate_type, event_type)` pairs; the others stay pending for
+    /// another relay.
+    pub fn only<A: Into<String>, E: Into<String>>(
+        mut self,
+        types: impl IntoIterator<Item = (A, E)>,
+    ) -> Self {
+        self.event_types = Some(types.into_iter().map(|(a, e)| (a.into(), e.into())).collect());
+        self
+    }
+
+    /// Names the row's own headers as CloudEvents binary mode does (`ce-id`, `ce-type`, ...).
+    pub fn cloudevents(mut self, on: bool) -> Self {
+        self.cloudevents = on;
+        self
+    }
+}
+
+/// A destination template, parsed once.
+#[derive(Debug, Clone)]
+pub(crate) struct Template(Vec<Part>);
+
+#[derive(Debug, Clone)]
+enum Part {
+    Text(String),
+    AggregateType,
+    EventType,
+    AggregateId,
+}
+
+impl Template {
+    fn parse(template: &str) -> Self {
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(start) = rest.find('{') {
+            let (text, tail) = rest.split_at(start);
+            let field = tail.find('}').map(|end| (&tail[1..end], &tail[end + 1..]));
+            let part = match field {
+                Some(("aggregate_type", after)) => Some((Part::AggregateType, after)),
+                Some(("event_type", after)) => Some((Part::EventType, after)),
+                Some(("aggregate_id", after)) => Some((Part::AggregateId, after)),
+                _ => None,
+            };
+            match part {
+                Some((part, after)) => {
+                    parts.push(Part::Text(text.to_owned()));
+                    parts.push(part);
+                    rest = after;
+                }
+                None => {
+                    // Not a field: the brace is text.
+                    parts.push(Part::Text(format!("{text}{{")));
+                    rest = &tail[1..];
+                }
+            }
+        }
+        parts.push(Part::Text(rest.to_owned()));
+        Template(parts)
+    }
+
+    pub(crate) fn render(
+        &self,
+        aggregate_type: &str,
+        event_type: &str,
+        aggregate_id: &str,
+    ) -> String {
+        self.0
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => text.as_str(),
+                Part::AggregateType => aggregate_type,
+                Part::EventType => event_type,
+                Part::AggregateId => aggregate_id,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_replace_the_row_fields_and_keep_other_text() {
+        let template = Template::parse("outbox.{aggregate_type}.{event_type}.{aggregate_id}");
+        assert_eq!(template.render("order", "order.placed", "7"), "outbox.order.order.placed.7");
+        let odd = Template::parse("{unknown}.{event_type}{");
+        assert_eq!(odd.render("order", "order.placed", "7"), "{unknown}.order.placed{");
+    }
+}

@@ -1,0 +1,69 @@
+//! NATS JetStream (feature `nats`, on `async-nats`).
+//!
+//! Each message is published to JetStream with `Nats-Msg-Id` set to the event id, so the
+//! stream's duplicate window drops a repeat after a relay crash, and a row is published once
+//! the stream's acknowledgement (`PubAck`) came back. A subject no stream covers is refused by
+//! the server (`no responders`): a failed delivery naming the subject.
+
+use async_nats::jetstream::{self, message::PublishMessage};
+use async_nats::HeaderMap;
+use futures_util::future::{join_all, BoxFuture};
+
+use crate::forward::{OutboundMessage, Sink, SinkError};
+
+/// Publishes to NATS JetStream, into the streams whose subjects cover each destination.
+pub struct NatsSink {
+    jetstream: jetstream::Context,
+    stream: String,
+}
+
+impl NatsSink {
+    /// A sink on `client` whose messages go into the stream named `stream`, which must exist
+    /// when the relay starts (create it with the subjects your destinations use).
+    pub fn new(client: async_nats::Client, stream: impl Into<String>) -> Self {
+        NatsSink { jetstream: jetstream::new(client), stream: stream.into() }
+    }
+}
+
+impl Sink for NatsSink {
+    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let what = format!("stream `{}`", self.stream);
+            self.jetstream.get_stream(&self.stream).await.map_err(|e| SinkError::new(what, e))?;
+            Ok(())
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [OutboundMessage],
+    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            // Send every message first, then await the acknowledgements together.
+            let mut sent = Vec::with_capacity(batch.len());
+            for message in batch {
+                let publish = PublishMessage::build()
+                    .payload(message.payload.clone().into())
+                    .headers(headers(message))
+                    .message_id(message.id.to_string());
+                let destination = message.destination.clone();
+                sent.push(self.jetstream.send_publish(destination, publish).await);
+            }
+            let acks = sent.into_iter().zip(batch).map(|(sent, message)| async move {
+                let refused = |e: &dyn std::fmt::Display| SinkError::new(&message.destination, e);
+                let ack = sent.map_err(|e| refused(&e))?;
+                ack.await.map(|_| ()).map_err(|e| refused(&e))
+            });
+            join_all(acks).await
+        })
+    }
+}
+
+fn headers(message: &OutboundMessage) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in &message.headers {
+        headers.append(name.as_str(), value.as_str());
+    }
+    headers.insert("content-type", message.content_type);
+    headers
+}

@@ -1,0 +1,125 @@
+//! The relay's route to a sink: maps each leased row to a message, and gathers the messages of
+//! deliveries running at once into one batch, so a batch is published with its confirmations
+//! awaited together rather than one round trip per message.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::forward::{Forward, OutboundMessage, Sink, SinkError};
+use crate::relay::{DecodeError, DeliveryLease, Route, RouteFuture, RowMeta, Settled};
+
+/// How long the first message of a batch waits for others to join it.
+const LINGER: Duration = Duration::from_millis(1);
+/// Most messages published in one batch.
+const MAX_BATCH: usize = 500;
+
+type Pending = (OutboundMessage, oneshot::Sender<Result<(), SinkError>>);
+
+pub(crate) struct ForwardRoute {
+    forward: Forward,
+    /// The batcher's inbox, started with the first delivery (on the relay's runtime).
+    batcher: OnceLock<mpsc::UnboundedSender<Pending>>,
+}
+
+impl ForwardRoute {
+    pub(crate) fn new(forward: Forward) -> Self {
+        ForwardRoute { forward, batcher: OnceLock::new() }
+    }
+
+    fn batcher(&self) -> &mpsc::UnboundedSender<Pending> {
+        self.batcher.get_or_init(|| {
+            let (sender, inbox) = mpsc::unbounded_channel();
+            tokio::spawn(batch(self.forward.sink.clone(), inbox));
+            sender
+        })
+    }
+
+    /// The message for a row (see the mapping in the module docs).
+    fn message(&self, meta: &RowMeta, payload: &str) -> OutboundMessage {
+        let (aggregate_type, event_type) = (meta.aggregate_type.as_str(), meta.event_type.as_str());
+        let created_at = meta.created_at.to_rfc3339();
+        let destination =
+            self.forward.destination.render(aggregate_type, event_type, &meta.aggregate_id);
+        let mut headers: Vec<(String, String)> = if self.forward.cloudevents {
+            vec![
+                ("ce-id".into(), meta.event_id.to_string()),
+                ("ce-type".into(), event_type.into()),
+                ("ce-source".into(), format!("/{aggregate_type}")),
+                ("ce-subject".into(), meta.aggregate_id.clone()),
+                ("ce-time".into(), created_at),
+                ("ce-specversion".into(), "1.0".into()),
+            ]
+        } else {
+            vec![
+                ("outbox-event-id".into(), meta.event_id.to_string()),
+                ("outbox-event-type".into(), event_type.into()),
+                ("outbox-aggregate-type".into(), aggregate_type.into()),
+                ("outbox-aggregate-id".into(), meta.aggregate_id.clone()),
+                ("outbox-created-at".into(), created_at),
+            ]
+        };
+        if let Some(emitted) = meta.headers.as_object() {
+            headers.extend(emitted.iter().map(|(name, value)| {
+                let value = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+                (name.clone(), value)
+            }));
+        }
+        OutboundMessage {
+            destination,
+            id: meta.event_id,
+            key: meta.aggregate_id.clone(),
+            headers,
+            content_type: "application/json",
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+}
+
+impl<S> Route<S> for ForwardRoute {
+    fn call(
+        &self,
+        _state: S,
+        meta: RowMeta,
+        payload: &str,
+        _: DeliveryLease,
+    ) -> Result<RouteFuture, DecodeError> {
+        let message = self.message(&meta, payload);
+        let (done, outcome) = oneshot::channel();
+        let sent = self.batcher().send((message, done));
+        Ok(Box::pin(async move {
+            sent.map_err(|_| "the forwarding batcher stopped")?;
+            let published = outcome.await.map_err(|_| "the broker's confirmation was lost")?;
+            published?;
+            Ok(Settled::Handled)
+        }))
+    }
+}
+
+/// Gathers messages into batches and publishes each batch in a task of its own, so the next
+/// batch gathers while the broker confirms the last.
+async fn batch(sink: Arc<dyn Sink>, mut inbox: mpsc::UnboundedReceiver<Pending>) {
+    while let Some(first) = inbox.recv().await {
+        let mut pending = vec![first];
+        let until = tokio::time::Instant::now() + LINGER;
+        while pending.len() < MAX_BATCH {
+            match tokio::time::timeout_at(until, inbox.recv()).await {
+                Ok(Some(next)) => pending.push(next),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            let (messages, senders): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
+            let outcomes = sink.publish(&messages).await;
+            let mut outcomes = outcomes.into_iter();
+            for (message, sender) in messages.iter().zip(senders) {
+                let outcome = outcomes.next().unwrap_or_else(|| {
+                    Err(SinkError::new(&message.destination, "the sink reported no outcome"))
+                });
+                let _ = sender.send(outcome);
+            }
+        });
+    }
+}

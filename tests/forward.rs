@@ -1,0 +1,288 @@
+//! Forwarding to NATS JetStream on 127.0.0.1:4222 (the real server): each test makes a stream
+//! of its own, on subjects of its own, and deletes it.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use futures_util::future::BoxFuture;
+use outbox_runtime::forward::{nats::NatsSink, Forward, OutboundMessage, Sink, SinkError};
+use outbox_runtime::{Backoff, Error, Relay};
+use sqlx::PgPool;
+use support::accounts::posted;
+use support::*;
+use uuid::Uuid;
+
+const NATS: &str = "127.0.0.1:4222";
+
+/// A stream named after the test, on subjects under a prefix of its own; deleted when dropped.
+struct Stream {
+    jetstream: jetstream::Context,
+    name: String,
+    prefix: String,
+}
+
+impl Stream {
+    async fn create(duplicate_window: Duration) -> Self {
+        let client = async_nats::connect(NATS).await.expect("NATS runs on 127.0.0.1:4222");
+        let jetstream = jetstream::new(client);
+        let id = Uuid::new_v4().simple().to_string();
+        let (name, prefix) = (format!("OUTBOX_{id}"), format!("t{id}"));
+        jetstream
+            .create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                duplicate_window,
+                ..Default::default()
+            })
+            .await
+            .expect("the stream is created");
+        Stream { jetstream, name, prefix }
+    }
+
+    fn sink(&self) -> NatsSink {
+        NatsSink::new(self.jetstream.client(), &self.name)
+    }
+
+    /// Every message in the stream, in stream order: `(subject, headers, payload)`.
+    async fn messages(&self) -> Vec<(String, HashMap<String, String>, serde_json::Value)> {
+        let mut stream = self.jetstream.get_stream(&self.name).await.unwrap();
+        let count = stream.info().await.unwrap().state.messages;
+        let mut messages = Vec::new();
+        for seq in 1..=count {
+            let message = stream.get_raw_message(seq).await.unwrap();
+            let headers = message
+                .headers
+                .iter()
+                .flat_map(|(name, values)| {
+                    values.iter().map(move |value| (name.to_string(), value.to_string()))
+                })
+                .collect();
+            let payload = serde_json::from_slice(&message.payload).unwrap();
+            messages.push((message.subject.to_string(), headers, payload));
+        }
+        messages
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let (jetstream, name) = (self.jetstream.clone(), self.name.clone());
+        // Best effort: the stream names are unique, so a leftover harms no other test.
+        tokio::spawn(async move {
+            let _ = jetstream.delete_stream(&name).await;
+        });
+    }
+}
+
+fn forwarding(pool: &PgPool, stream: &Stream) -> outbox_runtime::RelayBuilder {
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    fast(Relay::builder(pool.clone())).forward(Forward::to(stream.sink()).destination(&destination))
+}
+
+#[sqlx::test(migrations = false)]
+async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let mut tx = pool.begin().await.unwrap();
+    let options = outbox_runtime::EmitOptions::new()
+        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header("tenant", "acme");
+    let kept =
+        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut rolled_back = pool.begin().await.unwrap();
+    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
+    rolled_back.rollback().await.unwrap();
+
+    let relay = Running::start(forwarding(&pool, &stream));
+    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (2, 0));
+
+    let messages = stream.messages().await;
+    assert_eq!(messages.len(), 2, "each committed event once, the rolled-back one never");
+    for ((subject, headers, payload), id) in messages.iter().zip(&kept) {
+        assert_eq!(subject, &format!("{}.order.order.placed", stream.prefix));
+        assert_eq!(headers["Nats-Msg-Id"], id.to_string());
+        assert_eq!(headers["outbox-event-id"], id.to_string());
+        assert_eq!(headers["outbox-event-type"], "order.placed");
+        assert_eq!(headers["outbox-aggregate-type"], "order");
+        assert_eq!(headers["outbox-aggregate-id"], payload["order_id"].as_str().unwrap());
+        assert_eq!(
+            headers["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(headers["tenant"], "acme");
+        assert_eq!(headers["content-type"], "application/json");
+        assert!(headers.contains_key("outbox-created-at"));
+    }
+    let totals: Vec<i64> =
+        messages.iter().map(|(_, _, p)| p["total_cents"].as_i64().unwrap()).collect();
+    assert_eq!(totals, [1, 2], "the payloads as stored");
+}
+
+#[sqlx::test(migrations = false)]
+async fn cloudevents_names_the_row_headers_as_binary_mode_does(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let id = emit_committed(&pool, &[placed(5)]).await[0];
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let forward = Forward::to(stream.sink()).destination(&destination).cloudevents(true);
+    let relay = Running::start(fast(Relay::builder(pool.clone())).forward(forward));
+    until_published(&pool, id).await;
+    relay.stop().await;
+
+    let messages = stream.messages().await;
+    let (_, headers, _) = &messages[0];
+    assert_eq!(headers["ce-id"], id.to_string());
+    assert_eq!(headers["ce-type"], "order.placed");
+    assert_eq!(headers["ce-source"], "/order");
+    assert_eq!(headers["ce-specversion"], "1.0");
+    assert!(headers.contains_key("ce-subject") && headers.contains_key("ce-time"));
+    assert!(!headers.contains_key("outbox-event-id"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_repeated_publish_is_dropped_by_the_duplicate_window(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    let relay = Running::start(forwarding(&pool, &stream));
+    until_published(&pool, id).await;
+    relay.stop().await;
+
+    // As after a relay crash between the broker's confirmation and the acknowledgement: the
+    // row is pending again and published a second time.
+    sqlx::query(
+        "UPDATE outbox.events SET published_at = NULL, lease_token = NULL, available_at = now() \
+         WHERE event_id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let relay = Running::start(forwarding(&pool, &stream));
+    until_published(&pool, id).await;
+    relay.stop().await;
+    assert_eq!(stream.messages().await.len(), 1, "JetStream dropped the repeat by Nats-Msg-Id");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_subject_no_stream_covers_is_a_failure_naming_it_and_loses_nothing(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    let uncovered = format!("x{}.{{event_type}}", stream.prefix);
+    let forward = Forward::to(stream.sink()).destination(&uncovered);
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .forward(forward)
+            .poll_interval(Duration::from_millis(50))
+            .backoff(Backoff {
+                base: Duration::from_secs(60),
+                cap: Duration::from_secs(60),
+                jitter: false,
+            }),
+    );
+    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
+        .await;
+    relay.stop().await;
+    let row = row_state(&pool, id).await;
+    assert!(!row.published && !row.dead, "still pending, to retry");
+    let error = row.last_error.unwrap();
+    assert!(error.starts_with(&format!("x{}.order.placed: ", stream.prefix)), "{error}");
+    assert!(stream.messages().await.is_empty());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_stream_stops_the_relay_at_start(pool: PgPool) {
+    migrated(&pool).await;
+    let client = async_nats::connect(NATS).await.unwrap();
+    let sink = NatsSink::new(client, format!("MISSING_{}", Uuid::new_v4().simple()));
+    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
+            .await
+            .expect("the relay stops at once");
+    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    assert!(error.destination.starts_with("stream `MISSING_"), "{error}");
+}
+
+/// The real sink, refusing a share of the messages before they reach the broker, as a broker
+/// that drops connections or refuses messages would.
+struct Flaky {
+    inner: NatsSink,
+    fail_percent: u64,
+}
+
+impl Sink for Flaky {
+    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        self.inner.check()
+    }
+
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [OutboundMessage],
+    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            let refused: Vec<bool> =
+                batch.iter().map(|_| fastrand::u64(0..100) < self.fail_percent).collect();
+            let passed: Vec<OutboundMessage> = batch
+                .iter()
+                .zip(&refused)
+                .filter(|(_, &refused)| !refused)
+                .map(|(message, _)| message.clone())
+                .collect();
+            let mut published = self.inner.publish(&passed).await.into_iter();
+            batch
+                .iter()
+                .zip(refused)
+                .map(|(message, refused)| match refused {
+                    true => Err(SinkError::new(&message.destination, "refused by the test")),
+                    false => published.next().expect("one outcome per message"),
+                })
+                .collect()
+        })
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    const ACCOUNTS: u32 = 4;
+    const EVENTS: u32 = 25;
+    for n in 0..EVENTS {
+        let mut tx = pool.begin().await.unwrap();
+        for account in 0..ACCOUNTS {
+            outbox_runtime::emit(&mut tx, &posted(account, n)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let destination = format!("{}.{{aggregate_type}}.{{aggregate_id}}", stream.prefix);
+    let flaky = Flaky { inner: stream.sink(), fail_percent: 30 };
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .forward(Forward::to(flaky).destination(&destination))
+            .max_attempts(1_000),
+    );
+    let total = i64::from(ACCOUNTS * EVENTS);
+    eventually("every event is published", || async { count_published(&pool).await == total })
+        .await;
+    let counts = relay.stop().await;
+    assert!(counts.failed > 0, "the sink refused some messages: {counts:?}");
+
+    let mut per_account: HashMap<String, Vec<u64>> = HashMap::new();
+    for (subject, _, payload) in stream.messages().await {
+        let account = subject.rsplit('.').next().unwrap().to_owned();
+        per_account.entry(account).or_default().push(payload["n"].as_u64().unwrap());
+    }
+    assert_eq!(per_account.len(), ACCOUNTS as usize);
+    for (account, ns) in per_account {
+        let expected: Vec<u64> = (0..u64::from(EVENTS)).collect();
+        assert_eq!(ns, expected, "account {account}: each event once, in emit order");
+    }
+}
