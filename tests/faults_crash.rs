@@ -23,6 +23,7 @@ use std::time::Duration;
 use outbox_runtime::OutboxEvent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use support::nats::Stream;
 use support::{database_url, migrated, CpuBurner};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -466,6 +467,47 @@ async fn transactional_handlers_deliver_exactly_once_without_a_warning(pool: PgP
     assert_eq!(repeated, 0, "recorded with the acknowledgement: exactly once");
     assert_eq!(count(&pool, "expired_leases > 0 OR attempts > 0").await, 0);
     assert!(warnings.is_empty(), "warnings without a fault: {warnings:?}");
+}
+
+const FORWARD_EVENTS: u64 = 3_000;
+
+/// A forwarding relay process SIGKILLed three times mid-drain: every event reaches JetStream,
+/// and the stream holds each exactly once (the repeats a kill causes carry the same
+/// `Nats-Msg-Id`, which the stream's duplicate window drops).
+#[sqlx::test(migrations = false)]
+async fn a_forwarder_killed_mid_batch_loses_nothing_and_jetstream_drops_the_repeats(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let ids: HashSet<Uuid> = prepare(&pool, FORWARD_EVENTS).await.into_iter().collect();
+    let stream = Stream::create(Duration::from_secs(600)).await;
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.push(("FORWARD_STREAM", &stream.name));
+    settings.push(("FORWARD_PREFIX", &stream.prefix));
+
+    let mut relay = RelayProcess::spawn(&pool, &settings);
+    for kill in 1..=3 {
+        let target = FORWARD_EVENTS * kill / 4;
+        wait_until(&format!("{target} events are published"), Duration::from_secs(60), || async {
+            count(&pool, PUBLISHED).await >= target
+        })
+        .await;
+        let log = relay.kill();
+        println!("forwarder kill {kill}: log {:?}", log_summary(&log));
+        relay = RelayProcess::spawn(&pool, &settings);
+    }
+    wait_until("the last forwarder drains the outbox", Duration::from_secs(60), || async {
+        count(&pool, PENDING).await == 0
+    })
+    .await;
+    let (counts, log) = relay.terminate().await;
+    println!("last forwarder: {counts:?}; log {:?}", log_summary(&log));
+
+    let messages = stream.messages().await;
+    let forwarded: HashSet<Uuid> =
+        messages.iter().map(|(_, headers, _)| headers["Nats-Msg-Id"].parse().unwrap()).collect();
+    println!("{FORWARD_EVENTS} events, 3 kills: {} messages in the stream", messages.len());
+    assert_eq!(forwarded, ids, "every event reached the stream");
+    assert_eq!(messages.len(), ids.len(), "and each once");
+    assert_eq!(count(&pool, "dead_at IS NOT NULL").await, 0);
 }
 
 const SOAK_RELAYS: usize = 3;

@@ -6,76 +6,14 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
 use futures_util::future::BoxFuture;
 use outbox_runtime::forward::{nats::NatsSink, Forward, OutboundMessage, Sink, SinkError};
 use outbox_runtime::{Backoff, Error, Relay};
 use sqlx::PgPool;
 use support::accounts::posted;
+use support::nats::{Stream, NATS};
 use support::*;
 use uuid::Uuid;
-
-const NATS: &str = "127.0.0.1:4222";
-
-/// A stream named after the test, on subjects under a prefix of its own; deleted when dropped.
-struct Stream {
-    jetstream: jetstream::Context,
-    name: String,
-    prefix: String,
-}
-
-impl Stream {
-    async fn create(duplicate_window: Duration) -> Self {
-        let client = async_nats::connect(NATS).await.expect("NATS runs on 127.0.0.1:4222");
-        let jetstream = jetstream::new(client);
-        let id = Uuid::new_v4().simple().to_string();
-        let (name, prefix) = (format!("OUTBOX_{id}"), format!("t{id}"));
-        jetstream
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("{prefix}.>")],
-                duplicate_window,
-                ..Default::default()
-            })
-            .await
-            .expect("the stream is created");
-        Stream { jetstream, name, prefix }
-    }
-
-    fn sink(&self) -> NatsSink {
-        NatsSink::new(self.jetstream.client(), &self.name)
-    }
-
-    /// Every message in the stream, in stream order: `(subject, headers, payload)`.
-    async fn messages(&self) -> Vec<(String, HashMap<String, String>, serde_json::Value)> {
-        let mut stream = self.jetstream.get_stream(&self.name).await.unwrap();
-        let count = stream.info().await.unwrap().state.messages;
-        let mut messages = Vec::new();
-        for seq in 1..=count {
-            let message = stream.get_raw_message(seq).await.unwrap();
-            let headers = message
-                .headers
-                .iter()
-                .flat_map(|(name, values)| {
-                    values.iter().map(move |value| (name.to_string(), value.to_string()))
-                })
-                .collect();
-            let payload = serde_json::from_slice(&message.payload).unwrap();
-            messages.push((message.subject.to_string(), headers, payload));
-        }
-        messages
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        let (jetstream, name) = (self.jetstream.clone(), self.name.clone());
-        // Best effort: the stream names are unique, so a leftover harms no other test.
-        tokio::spawn(async move {
-            let _ = jetstream.delete_stream(&name).await;
-        });
-    }
-}
 
 fn forwarding(pool: &PgPool, stream: &Stream) -> outbox_runtime::RelayBuilder {
     let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);

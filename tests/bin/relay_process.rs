@@ -24,12 +24,14 @@
 //! | `POISON_EVERY` | 0 (off) | jobs whose `n` is a multiple of this fail on every attempt |
 //! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
 //! | `HANDLER_TRANSACTIONAL` | 0 | 1: a transactional handler records each delivery in the acknowledgement's transaction |
+//! | `FORWARD_STREAM`, `FORWARD_PREFIX` | unset | forward to this JetStream stream on 127.0.0.1:4222, to subjects `<prefix>.<aggregate type>.<event type>`, instead of handling |
 //! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
 
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
+use outbox_runtime::forward::{nats::NatsSink, Forward};
 use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay, TransactionContext};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -190,7 +192,14 @@ async fn relay() -> Result<(), String> {
         jitter: false,
     };
     let builder = Relay::builder(pool).state(worker);
-    let builder = if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
+    let builder = if let Ok(stream) = std::env::var("FORWARD_STREAM") {
+        let client = async_nats::connect("127.0.0.1:4222")
+            .await
+            .map_err(|error| format!("cannot reach NATS: {error}"))?;
+        let prefix = std::env::var("FORWARD_PREFIX").unwrap_or_else(|_| "outbox".to_owned());
+        let destination = format!("{prefix}.{{aggregate_type}}.{{event_type}}");
+        builder.forward(Forward::to(NatsSink::new(client, stream)).destination(&destination))
+    } else if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
         builder.handler(run_job_in_transaction)
     } else {
         builder.handler(run_job)

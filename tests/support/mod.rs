@@ -3,6 +3,7 @@
 
 pub mod accounts;
 mod db;
+pub mod nats;
 
 use std::future::Future;
 use std::time::Duration;
