@@ -7,7 +7,7 @@ use clap::builder::NonEmptyStringValueParser;
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
-/// Operate a transactional outbox: migrate, status, dead letters, purge.
+/// Operate a transactional outbox: migrate, status, dead letters, purge, forward.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, propagate_version = true)]
 #[command(after_long_help = "\
@@ -56,6 +56,87 @@ pub enum Command {
     ///
     /// JSON: {"purged": int, "older_than_secs": number}
     Purge(PurgeArgs),
+
+    /// Forward events to a broker until SIGINT or SIGTERM: a relay with no Rust code of yours
+    ///
+    /// Every committed event (or those of --event-type) is published to the broker and marked
+    /// published once the broker confirmed it; refusals are retried with backoff and end as
+    /// dead letters after --max-attempts. Stops gracefully (leases handed back) on SIGINT or
+    /// SIGTERM. Logs one line per failure to stderr (no payloads), a progress line every
+    /// --progress, and a summary on exit. Every flag can be set from the environment instead.
+    ///
+    /// JSON (on exit): {"forwarded": int, "failed": int, "dead": int, "handed_back": int}
+    #[command(verbatim_doc_comment)]
+    Forward(ForwardArgs),
+}
+
+/// Arguments of `outbox forward`.
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    /// The broker: nats://host:port (JetStream; needs --stream)
+    #[arg(long, env = "OUTBOX_FORWARD_TO", value_name = "URL")]
+    pub to: String,
+
+    /// The JetStream stream the subjects go into (NATS)
+    #[arg(long, env = "OUTBOX_FORWARD_STREAM", value_name = "NAME")]
+    pub stream: Option<String>,
+
+    /// Where each event goes (NATS subject): {aggregate_type}, {event_type}, {aggregate_id}
+    #[arg(
+        long,
+        visible_alias = "routing-key",
+        env = "OUTBOX_FORWARD_SUBJECT",
+        value_name = "TEMPLATE",
+        default_value = "{aggregate_type}.{event_type}"
+    )]
+    pub subject: String,
+
+    /// Forward only this type, as AGGREGATE_TYPE:EVENT_TYPE (repeat, or comma-separate in the
+    /// environment); default every type
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_EVENT_TYPES",
+        value_name = "AGGREGATE:EVENT",
+        value_delimiter = ',',
+        value_parser = parse_event_type
+    )]
+    pub event_type: Vec<(String, String)>,
+
+    /// Rows leased per statement
+    #[arg(long, env = "OUTBOX_FORWARD_BATCH_SIZE", value_name = "N", default_value_t = 100)]
+    pub batch_size: u32,
+
+    /// Messages in flight at once
+    #[arg(long, env = "OUTBOX_FORWARD_CONCURRENCY", value_name = "N", default_value_t = 64)]
+    pub concurrency: usize,
+
+    /// Refusals after which an event is dead
+    #[arg(long, env = "OUTBOX_FORWARD_MAX_ATTEMPTS", value_name = "N", default_value_t = 10)]
+    pub max_attempts: u32,
+
+    /// Name the event's own headers as CloudEvents binary mode does (ce-id, ce-type, ...)
+    #[arg(long, env = "OUTBOX_FORWARD_CLOUDEVENTS")]
+    pub cloudevents: bool,
+
+    /// How often to print a progress line, e.g. 10s, 1m
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_PROGRESS",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    pub progress: Duration,
+}
+
+/// `order:order.placed` -> `("order", "order.placed")`.
+fn parse_event_type(value: &str) -> Result<(String, String), String> {
+    match value.split_once(':') {
+        Some((aggregate, event)) if !aggregate.is_empty() && !event.is_empty() => {
+            Ok((aggregate.to_owned(), event.to_owned()))
+        }
+        _ => Err(format!("expected AGGREGATE_TYPE:EVENT_TYPE, got `{value}`")),
+    }
 }
 
 /// `outbox dead ...`.

@@ -34,6 +34,8 @@ pub enum Report {
     Requeued(u64),
     /// `dead discard`: how many.
     Discarded(u64),
+    /// `forward`: what the forwarding relay did before it stopped.
+    Forwarded(outbox_runtime::RelayCounts),
     /// `purge`: how many, and the age given.
     Purged {
         /// Rows deleted.
@@ -71,6 +73,7 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let count = dead_letters::discard(pool, &filter(selector)).await?;
             found(selector, count).map(Report::Discarded)
         }
+        Command::Forward(args) => Ok(Report::Forwarded(crate::forward::run(pool, args).await?)),
         Command::Purge(args) => {
             let count = outbox_runtime::purge_published(pool, args.older_than).await?;
             Ok(Report::Purged { count, older_than: args.older_than })

@@ -28,6 +28,8 @@ pub enum Failure {
     SchemaMissing,
     /// No dead event has this id.
     NoSuchDeadEvent(Uuid),
+    /// `outbox forward` cannot reach or use its broker as configured.
+    Forward(String),
     /// Anything else the runtime reported.
     Outbox(outbox_runtime::Error),
 }
@@ -59,6 +61,7 @@ impl fmt::Display for Failure {
                 write!(f, "the outbox schema is missing: run `outbox migrate`")
             }
             Failure::NoSuchDeadEvent(id) => write!(f, "no dead event with id {id}"),
+            Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {
                 // The outbox's errors keep their cause as `source`: print the whole chain.
                 write!(f, "{error}")?;

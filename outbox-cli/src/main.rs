@@ -8,6 +8,7 @@
 //! outbox dead requeue (EVENT_ID | --all | --aggregate-type T | --event-type T)
 //! outbox dead discard (EVENT_ID | --all | --aggregate-type T | --event-type T)
 //! outbox purge --older-than 7d                    delete published events older than that
+//! outbox forward --to nats://HOST:PORT --stream S forward events to a broker until SIGTERM
 //! ```
 //!
 //! The database is `--database-url postgres://user@host:port/db`, or `DATABASE_URL`.
@@ -26,6 +27,7 @@ mod cli;
 mod commands;
 mod connect;
 mod error;
+mod forward;
 mod output;
 
 use std::io::{self, Write};

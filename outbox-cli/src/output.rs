@@ -33,6 +33,12 @@ pub fn json(report: &Report) -> Value {
         Report::Purged { count, older_than } => {
             json!({ "purged": count, "older_than_secs": older_than.as_secs_f64() })
         }
+        Report::Forwarded(counts) => json!({
+            "forwarded": counts.delivered,
+            "failed": counts.failed,
+            "dead": counts.dead,
+            "handed_back": counts.released,
+        }),
     }
 }
 
@@ -75,6 +81,13 @@ pub fn human(report: &Report) -> String {
             "purged {} published more than {} ago\n",
             plural(*count, "event"),
             duration(*older_than)
+        ),
+        Report::Forwarded(counts) => format!(
+            "forwarded {}; {} failed, {} dead, {} handed back at shutdown\n",
+            plural(counts.delivered, "event"),
+            counts.failed,
+            counts.dead,
+            counts.released
         ),
     }
 }

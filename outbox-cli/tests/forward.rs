@@ -1,0 +1,112 @@
+//! `outbox forward`, run as a process against the real PostgreSQL and NATS JetStream.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[path = "../../tests/support/db.rs"]
+mod db;
+#[path = "../../tests/support/nats.rs"]
+#[allow(dead_code)] // the workspace tests use the rest
+mod nats;
+use db::*;
+use nats::Stream;
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: u32,
+}
+
+/// `outbox --database-url ... --json forward` with the flags given as environment variables.
+fn forward(pool: &PgPool, env: &[(&str, &str)]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &database_url(pool), "--json", "forward"])
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the outbox binary runs")
+}
+
+async fn published(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let events: Vec<OrderPlaced> = (0..20).map(|order_id| OrderPlaced { order_id }).collect();
+    let ids = emit_committed(&pool, &events).await;
+    let subject = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let child = forward(
+        &pool,
+        &[
+            ("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222"),
+            ("OUTBOX_FORWARD_STREAM", &stream.name),
+            ("OUTBOX_FORWARD_SUBJECT", &subject),
+            ("OUTBOX_FORWARD_EVENT_TYPES", "order:order.placed"),
+        ],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while published(&pool).await < 20 {
+        assert!(tokio::time::Instant::now() < deadline, "the forwarder published everything");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap());
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["forwarded"], 20, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+
+    let mut forwarded: Vec<Uuid> = stream
+        .messages()
+        .await
+        .iter()
+        .map(|(subject, headers, _)| {
+            assert_eq!(subject, &format!("{}.order.order.placed", stream.prefix));
+            headers["Nats-Msg-Id"].parse().unwrap()
+        })
+        .collect();
+    forwarded.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(forwarded, expected, "every event once");
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_refuses_a_broker_it_cannot_use(pool: PgPool) {
+    migrated(&pool).await;
+    let fails = |env: &[(&str, &str)]| {
+        let output = forward(&pool, env).wait_with_output().unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let amqp = fails(&[("OUTBOX_FORWARD_TO", "amqp://guest:guest@127.0.0.1:5672/%2f")]);
+    assert!(amqp.contains("cannot forward to `amqp://`"), "{amqp}");
+    assert!(!amqp.contains("guest:guest"), "the URL's password is never printed: {amqp}");
+    let no_stream = fails(&[("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222")]);
+    assert!(no_stream.contains("needs --stream"), "{no_stream}");
+    let missing = fails(&[
+        ("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222"),
+        ("OUTBOX_FORWARD_STREAM", "NO_SUCH_STREAM"),
+    ]);
+    assert!(
+        missing.contains("the forwarding sink is not ready: stream `NO_SUCH_STREAM`"),
+        "{missing}"
+    );
+}
