@@ -118,6 +118,10 @@ pub struct ForwardArgs {
     #[arg(long, env = "OUTBOX_FORWARD_CLOUDEVENTS")]
     pub cloudevents: bool,
 
+    /// Serve Prometheus metrics at /metrics and a health check at /health on this address
+    #[arg(long, env = "OUTBOX_FORWARD_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
     /// How often to print a progress line, e.g. 10s, 1m
     #[arg(
         long,

@@ -33,9 +33,52 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
         .build()
         .map_err(|error| Failure::Forward(error.to_string()))?;
     let progress = tokio::spawn(report_progress(relay.metrics(), args.progress));
+    let server = match args.metrics_addr {
+        Some(address) => Some(tokio::spawn(serve_metrics(address, relay.metrics()).await?)),
+        None => None,
+    };
     let counts = relay.run_until(stop_signal()).await;
     progress.abort();
+    if let Some(server) = server {
+        server.abort();
+    }
     Ok(counts?)
+}
+
+/// Binds `address` and returns the server that answers `/metrics` (the relay's counters and
+/// histograms, Prometheus text) and `/health` (200 while the relay runs and reached the
+/// database within 30 s, else 503).
+async fn serve_metrics(
+    address: std::net::SocketAddr,
+    relay: RelayMetrics,
+) -> Result<impl std::future::Future<Output = ()>, Failure> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+
+    let cannot = |what: &str, error: &dyn std::fmt::Display| {
+        Failure::Forward(format!("cannot serve metrics on {address}: {what}: {error}"))
+    };
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|error| cannot("recorder", &error))?;
+    let health = move || {
+        let healthy = relay.is_healthy(Duration::from_secs(30));
+        std::future::ready(if healthy {
+            (StatusCode::OK, "ok\n")
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, "relay not running or database unreachable\n")
+        })
+    };
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(prometheus.render())))
+        .route("/health", get(health));
+    let listener =
+        tokio::net::TcpListener::bind(address).await.map_err(|error| cannot("bind", &error))?;
+    Ok(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            eprintln!("outbox forward: the metrics server stopped: {error}");
+        }
+    })
 }
 
 /// The sink `--to` names.

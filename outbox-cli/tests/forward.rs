@@ -35,6 +35,23 @@ fn forward(pool: &PgPool, env: &[(&str, &str)]) -> Child {
         .expect("the outbox binary runs")
 }
 
+/// A local address no one listens on right now.
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// The whole response to `GET path` (the server closes the connection after it).
+async fn get(address: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("the server listens");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
 async fn published(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.events WHERE published_at IS NOT NULL")
         .fetch_one(pool)
@@ -49,6 +66,7 @@ async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
     let events: Vec<OrderPlaced> = (0..20).map(|order_id| OrderPlaced { order_id }).collect();
     let ids = emit_committed(&pool, &events).await;
     let subject = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let metrics_addr = free_address();
     let child = forward(
         &pool,
         &[
@@ -56,6 +74,7 @@ async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
             ("OUTBOX_FORWARD_STREAM", &stream.name),
             ("OUTBOX_FORWARD_SUBJECT", &subject),
             ("OUTBOX_FORWARD_EVENT_TYPES", "order:order.placed"),
+            ("OUTBOX_FORWARD_METRICS_ADDR", &metrics_addr),
         ],
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -63,6 +82,13 @@ async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
         assert!(tokio::time::Instant::now() < deadline, "the forwarder published everything");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let health = get(&metrics_addr, "/health").await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let metrics = get(&metrics_addr, "/metrics").await;
+    assert!(
+        metrics.contains("outbox_delivered_total{event_type=\"order.placed\"} 20"),
+        "{metrics}"
+    );
     let pid = child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let output = child.wait_with_output().unwrap();
