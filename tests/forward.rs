@@ -224,3 +224,35 @@ async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool
         assert_eq!(ns, expected, "account {account}: each event once, in emit order");
     }
 }
+
+/// A message larger than the server takes (NATS refuses payloads over its `max_payload`, 1 MiB
+/// by default) fails with the cause named, while the other events go through.
+#[sqlx::test(migrations = false)]
+async fn a_message_too_large_fails_alone_and_names_the_cause(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let large = CustomerRenamed { customer_id: 1, name: "x".repeat(2 * 1024 * 1024) };
+    let mut tx = pool.begin().await.unwrap();
+    let large_id = outbox_runtime::emit(&mut tx, &large).await.unwrap();
+    tx.commit().await.unwrap();
+    let small = emit_committed(&pool, &[placed(1), placed(2)]).await;
+    let slow_retry =
+        Backoff { base: Duration::from_secs(60), cap: Duration::from_secs(60), jitter: false };
+    let relay = Running::start(forwarding(&pool, &stream).backoff(slow_retry));
+    for id in &small {
+        until_published(&pool, *id).await;
+    }
+    eventually("the large event's failure is recorded", || async {
+        row_state(&pool, large_id).await.attempts == 1
+    })
+    .await;
+    relay.stop().await;
+
+    let row = row_state(&pool, large_id).await;
+    assert!(!row.published && !row.dead, "kept, to retry or to inspect");
+    let error = row.last_error.unwrap();
+    let subject = format!("{}.customer.customer.renamed", stream.prefix);
+    assert!(error.starts_with(&format!("{subject}: ")), "{error}");
+    assert!(error.to_lowercase().contains("payload"), "the cause is named: {error}");
+    assert_eq!(stream.messages().await.len(), 2, "the others went through");
+}

@@ -3,7 +3,9 @@
 //! Each message is published to JetStream with `Nats-Msg-Id` set to the event id, so the
 //! stream's duplicate window drops a repeat after a relay crash, and a row is published once
 //! the stream's acknowledgement (`PubAck`) came back. A subject no stream covers is refused by
-//! the server (`no responders`): a failed delivery naming the subject.
+//! the server (`no responders`): a failed delivery naming the subject. A message larger than the
+//! server's `max_payload` is refused before it is sent: the server would answer it by closing
+//! the connection, failing every other message in flight with it.
 
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::HeaderMap;
@@ -13,6 +15,7 @@ use crate::forward::{OutboundMessage, Sink, SinkError};
 
 /// Publishes to NATS JetStream, into the streams whose subjects cover each destination.
 pub struct NatsSink {
+    client: async_nats::Client,
     jetstream: jetstream::Context,
     stream: String,
 }
@@ -21,7 +24,7 @@ impl NatsSink {
     /// A sink on `client` whose messages go into the stream named `stream`, which must exist
     /// when the relay starts (create it with the subjects your destinations use).
     pub fn new(client: async_nats::Client, stream: impl Into<String>) -> Self {
-        NatsSink { jetstream: jetstream::new(client), stream: stream.into() }
+        NatsSink { jetstream: jetstream::new(client.clone()), client, stream: stream.into() }
     }
 }
 
@@ -40,14 +43,25 @@ impl Sink for NatsSink {
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
             // Send every message first, then await the acknowledgements together.
+            let max_payload = self.client.server_info().max_payload;
             let mut sent = Vec::with_capacity(batch.len());
             for message in batch {
+                let size = encoded_size(message);
+                if max_payload > 0 && size > max_payload {
+                    let too_large = format!(
+                        "message of {size} bytes (payload and headers) exceeds the server's \
+                         max_payload of {max_payload} bytes"
+                    );
+                    sent.push(Err(too_large));
+                    continue;
+                }
                 let publish = PublishMessage::build()
                     .payload(message.payload.clone().into())
                     .headers(headers(message))
                     .message_id(message.id.to_string());
                 let destination = message.destination.clone();
-                sent.push(self.jetstream.send_publish(destination, publish).await);
+                let sent_one = self.jetstream.send_publish(destination, publish).await;
+                sent.push(sent_one.map_err(|error| error.to_string()));
             }
             let acks = sent.into_iter().zip(batch).map(|(sent, message)| async move {
                 let refused = |e: &dyn std::fmt::Display| SinkError::new(&message.destination, e);
@@ -57,6 +71,16 @@ impl Sink for NatsSink {
             join_all(acks).await
         })
     }
+}
+
+/// What the server counts against `max_payload`: the payload and the encoded headers
+/// (`NATS/1.0\r\n`, `name: value\r\n` each, `\r\n`), `Nats-Msg-Id` and content type included.
+fn encoded_size(message: &OutboundMessage) -> usize {
+    let header = |name: &str, value: &str| name.len() + value.len() + 4;
+    let own: usize = message.headers.iter().map(|(name, value)| header(name, value)).sum();
+    let id = header("Nats-Msg-Id", &message.id.to_string());
+    let content_type = header("content-type", message.content_type);
+    message.payload.len() + own + id + content_type + "NATS/1.0\r\n\r\n".len()
 }
 
 fn headers(message: &OutboundMessage) -> HeaderMap {
