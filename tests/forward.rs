@@ -4,11 +4,12 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use outbox_runtime::forward::{nats::NatsSink, Forward, OutboundMessage, Sink, SinkError};
-use outbox_runtime::{Backoff, Error, Relay};
+use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay};
 use sqlx::PgPool;
 use support::accounts::posted;
 use support::nats::{Stream, NATS};
@@ -255,4 +256,51 @@ async fn a_message_too_large_fails_alone_and_names_the_cause(pool: PgPool) {
     assert!(error.starts_with(&format!("{subject}: ")), "{error}");
     assert!(error.to_lowercase().contains("payload"), "the cause is named: {error}");
     assert_eq!(stream.messages().await.len(), 2, "the others went through");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handling_relay_and_a_forwarding_relay_share_one_outbox_on_disjoint_types(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let order = emit_committed(&pool, &[placed(1)]).await[0];
+    let mut tx = pool.begin().await.unwrap();
+    let renamed = CustomerRenamed { customer_id: 7, name: "Ada".into() };
+    let customer = outbox_runtime::emit(&mut tx, &renamed).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let record = |ctx: EventContext<Arc<Mutex<Vec<Uuid>>>>, _: OrderPlaced| async move {
+        ctx.state().lock().unwrap().push(ctx.event_id());
+        Ok::<_, HandlerError>(())
+    };
+    let handling =
+        Running::start(fast(Relay::builder(pool.clone())).state(handled.clone()).handler(record));
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let only_customers = Forward::to(stream.sink())
+        .destination(&destination)
+        .only([("customer", "customer.renamed")]);
+    let forwarding = Running::start(fast(Relay::builder(pool.clone())).forward(only_customers));
+    until_published(&pool, order).await;
+    until_published(&pool, customer).await;
+    handling.stop().await;
+    forwarding.stop().await;
+
+    assert_eq!(*handled.lock().unwrap(), [order], "the handler took its type only");
+    let messages = stream.messages().await;
+    assert_eq!(messages.len(), 1, "the forwarder took its type only");
+    assert_eq!(messages[0].1["outbox-event-id"], customer.to_string());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_type_both_forwarded_and_handled_is_refused_at_build(pool: PgPool) {
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    async fn on_placed(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    let forward = Forward::to(stream.sink()).only([("order", "order.placed")]);
+    let built = Relay::builder(pool).handler(on_placed).forward(forward).build();
+    let Err(BuildError::ForwardedAndHandled { aggregate_type, event_type, .. }) = built else {
+        panic!("expected ForwardedAndHandled");
+    };
+    assert_eq!((aggregate_type.as_str(), event_type.as_str()), ("order", "order.placed"));
 }
