@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
-use outbox_runtime::forward::{nats::NatsSink, Forward, OutboundMessage, Sink, SinkError};
+use outbox_runtime::forward::{nats::NatsSink, Forward};
 use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay};
 use sqlx::PgPool;
 use support::accounts::posted;
+use support::flaky::Flaky;
 use support::nats::{Stream, NATS};
 use support::*;
 use uuid::Uuid;
@@ -148,44 +148,6 @@ async fn a_missing_stream_stops_the_relay_at_start(pool: PgPool) {
             .expect("the relay stops at once");
     let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
     assert!(error.destination.starts_with("stream `MISSING_"), "{error}");
-}
-
-/// The real sink, refusing a share of the messages before they reach the broker, as a broker
-/// that drops connections or refuses messages would.
-struct Flaky {
-    inner: NatsSink,
-    fail_percent: u64,
-}
-
-impl Sink for Flaky {
-    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        self.inner.check()
-    }
-
-    fn publish<'a>(
-        &'a self,
-        batch: &'a [OutboundMessage],
-    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        Box::pin(async move {
-            let refused: Vec<bool> =
-                batch.iter().map(|_| fastrand::u64(0..100) < self.fail_percent).collect();
-            let passed: Vec<OutboundMessage> = batch
-                .iter()
-                .zip(&refused)
-                .filter(|(_, &refused)| !refused)
-                .map(|(message, _)| message.clone())
-                .collect();
-            let mut published = self.inner.publish(&passed).await.into_iter();
-            batch
-                .iter()
-                .zip(refused)
-                .map(|(message, refused)| match refused {
-                    true => Err(SinkError::new(&message.destination, "refused by the test")),
-                    false => published.next().expect("one outcome per message"),
-                })
-                .collect()
-        })
-    }
 }
 
 #[sqlx::test(migrations = false)]

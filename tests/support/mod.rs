@@ -3,7 +3,10 @@
 
 pub mod accounts;
 mod db;
+pub mod flaky;
 pub mod nats;
+pub mod rabbitmq;
+pub mod redis;
 
 use std::future::Future;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! | message | from the row |
 //! |---|---|
 //! | destination (NATS subject, routing key, stream key) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
-//! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication) | `event_id` |
+//! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication; AMQP `message_id`; Redis field `id`) | `event_id` |
 //! | partition / ordering key | `aggregate_id` |
 //! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339) | the row's columns |
 //! | the emit headers, `traceparent` among them | `headers`, strings as they are, other JSON values as JSON text |
@@ -24,6 +24,10 @@
 
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod route;
 
 use std::fmt;

@@ -1,0 +1,83 @@
+//! Redis Streams (feature `redis`, on `redis` with its tokio `ConnectionManager`).
+//!
+//! Each message is appended with `XADD <destination> * ...`, the destination being the stream
+//! key, with these fields in this order:
+//!
+//! | field | value |
+//! |---|---|
+//! | `id` | the event id |
+//! | `key` | the aggregate id |
+//! | `content-type` | `application/json` |
+//! | `h:<name>` | one per header, `h:outbox-event-id`, `h:traceparent`, ... |
+//! | `payload` | the stored JSON |
+//!
+//! Headers are prefixed with `h:` so that no header name can take the place of one of the
+//! other fields. The entry id in the `XADD` reply is the confirmation: a row is published once
+//! Redis answered it. A batch is sent as one pipeline, not a transaction: one outcome per
+//! command, so a key holding another type (`WRONGTYPE`) fails its own messages only.
+//!
+//! Redis has no broker-side deduplication: after a relay crash between Redis's reply and the
+//! row's acknowledgement an entry can be appended twice, and consumers deduplicate by the `id`
+//! field.
+
+use ::redis::aio::ConnectionManager;
+use ::redis::RedisResult;
+use futures_util::future::BoxFuture;
+
+use crate::forward::{OutboundMessage, Sink, SinkError};
+
+/// Appends to Redis streams, one stream key per destination.
+pub struct RedisSink {
+    connection: ConnectionManager,
+}
+
+impl RedisSink {
+    /// A sink on `connection`, which reconnects by itself after a dropped connection.
+    pub fn new(connection: ConnectionManager) -> Self {
+        RedisSink { connection }
+    }
+}
+
+impl Sink for RedisSink {
+    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            let pong: RedisResult<String> = ::redis::cmd("PING").query_async(&mut connection).await;
+            pong.map(drop).map_err(|e| SinkError::new("redis server (PING)", e))
+        })
+    }
+
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [OutboundMessage],
+    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            let mut pipe = ::redis::pipe();
+            pipe.ignore_errors();
+            for message in batch {
+                let command = pipe.cmd("XADD").arg(&message.destination).arg("*");
+                command.arg("id").arg(message.id.to_string()).arg("key").arg(&message.key);
+                command.arg("content-type").arg(message.content_type);
+                for (name, value) in &message.headers {
+                    command.arg(format!("h:{name}")).arg(value);
+                }
+                command.arg("payload").arg(&message.payload);
+            }
+            let mut connection = self.connection.clone();
+            let replies: RedisResult<Vec<RedisResult<String>>> =
+                pipe.query_async(&mut connection).await;
+            match replies {
+                Ok(replies) => batch
+                    .iter()
+                    .zip(replies.into_iter().map(Some).chain(std::iter::repeat_with(|| None)))
+                    .map(|(message, reply)| match reply {
+                        Some(Ok(_entry_id)) => Ok(()),
+                        Some(Err(e)) => Err(SinkError::new(&message.destination, e)),
+                        None => Err(SinkError::new(&message.destination, "no reply from redis")),
+                    })
+                    .collect(),
+                Err(e) => batch.iter().map(|m| Err(SinkError::new(&m.destination, &e))).collect(),
+            }
+        })
+    }
+}

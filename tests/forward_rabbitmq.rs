@@ -1,0 +1,197 @@
+//! Forwarding to RabbitMQ on 127.0.0.1:5672 (the real broker): each test makes an exchange and
+//! a queue of its own, bound for routing keys of its own, and deletes them.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox_runtime::forward::{rabbitmq::RabbitSink, Forward};
+use outbox_runtime::{Backoff, Error, Relay};
+use sqlx::PgPool;
+use support::accounts::posted;
+use support::flaky::Flaky;
+use support::rabbitmq::{connect, Exchange};
+use support::*;
+use uuid::Uuid;
+
+async fn forwarding(pool: &PgPool, exchange: &Exchange) -> outbox_runtime::RelayBuilder {
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", exchange.prefix);
+    let forward = Forward::to(exchange.sink().await).destination(&destination);
+    fast(Relay::builder(pool.clone())).forward(forward)
+}
+
+#[sqlx::test(migrations = false)]
+async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = Exchange::create().await;
+    let mut tx = pool.begin().await.unwrap();
+    let options = outbox_runtime::EmitOptions::new()
+        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header("tenant", "acme");
+    let kept =
+        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut rolled_back = pool.begin().await.unwrap();
+    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
+    rolled_back.rollback().await.unwrap();
+
+    let relay = Running::start(forwarding(&pool, &exchange).await);
+    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (2, 0));
+
+    let mut messages = exchange.messages().await;
+    assert_eq!(messages.len(), 2, "each committed event once, the rolled-back one never");
+    // Two rows published in one batch may be confirmed in either order; match them by id.
+    messages.sort_by_key(|m| m.payload["total_cents"].as_i64());
+    for (message, id) in messages.iter().zip(&kept) {
+        let headers = &message.headers;
+        assert_eq!(message.routing_key, format!("{}.order.order.placed", exchange.prefix));
+        assert_eq!(message.message_id.as_deref(), Some(id.to_string().as_str()));
+        assert_eq!(message.content_type.as_deref(), Some("application/json"));
+        assert_eq!(message.delivery_mode, Some(2), "persistent");
+        assert_eq!(headers["outbox-event-id"], id.to_string());
+        assert_eq!(headers["outbox-event-type"], "order.placed");
+        assert_eq!(headers["outbox-aggregate-type"], "order");
+        assert_eq!(headers["outbox-aggregate-id"], message.payload["order_id"].as_str().unwrap());
+        assert_eq!(
+            headers["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(headers["tenant"], "acme");
+        assert!(headers.contains_key("outbox-created-at"));
+    }
+    let totals: Vec<i64> =
+        messages.iter().map(|m| m.payload["total_cents"].as_i64().unwrap()).collect();
+    assert_eq!(totals, [1, 2], "the payloads as stored");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_routing_key_no_queue_takes_is_unroutable_and_loses_nothing(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = Exchange::create().await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    let unbound = format!("x{}.{{event_type}}", exchange.prefix);
+    let forward = Forward::to(exchange.sink().await).destination(&unbound);
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .forward(forward)
+            .poll_interval(Duration::from_millis(50))
+            .backoff(Backoff {
+                base: Duration::from_secs(60),
+                cap: Duration::from_secs(60),
+                jitter: false,
+            }),
+    );
+    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
+        .await;
+    relay.stop().await;
+    let row = row_state(&pool, id).await;
+    assert!(!row.published && !row.dead, "still pending, to retry");
+    let error = row.last_error.unwrap();
+    assert!(error.starts_with(&format!("x{}.order.placed: ", exchange.prefix)), "{error}");
+    assert!(error.contains("unroutable"), "{error}");
+    assert!(exchange.messages().await.is_empty());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_channel_the_broker_closed_is_reopened_for_the_next_batches(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = Exchange::create().await;
+    let first = emit_committed(&pool, &[placed(1)]).await[0];
+    let relay = Running::start(forwarding(&pool, &exchange).await);
+    until_published(&pool, first).await;
+
+    // Publishing to an exchange that is gone makes the broker close the sink's channel.
+    exchange.delete_exchange().await;
+    let second = emit_committed(&pool, &[placed(2)]).await[0];
+    eventually("the failure is recorded", || async {
+        row_state(&pool, second).await.attempts >= 1
+    })
+    .await;
+    let error = row_state(&pool, second).await.last_error.unwrap();
+    assert!(error.starts_with(&format!("{}.order.order.placed: ", exchange.prefix)), "{error}");
+    assert!(error.contains("NOT_FOUND"), "{error}");
+
+    exchange.declare().await;
+    until_published(&pool, second).await;
+    let third = emit_committed(&pool, &[placed(3)]).await[0];
+    until_published(&pool, third).await;
+    relay.stop().await;
+    let totals: Vec<i64> = exchange
+        .messages()
+        .await
+        .iter()
+        .map(|m| m.payload["total_cents"].as_i64().unwrap())
+        .collect();
+    assert_eq!(totals, [1, 2, 3], "each once, on a new channel after the broker closed one");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_exchange_stops_the_relay_at_start(pool: PgPool) {
+    migrated(&pool).await;
+    let sink = RabbitSink::new(connect().await, format!("missing-{}", Uuid::new_v4().simple()));
+    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
+            .await
+            .expect("the relay stops at once");
+    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    assert!(error.destination.starts_with("exchange `missing-"), "{error}");
+    assert!(error.reason.contains("NOT_FOUND"), "{error}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_closed_connection_stops_the_relay_at_start(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = Exchange::create().await;
+    let connection = connect().await;
+    connection.close(200, "gone".into()).await.unwrap();
+    let sink = RabbitSink::new(connection, &exchange.name);
+    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
+            .await
+            .expect("the relay stops at once");
+    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    assert_eq!(error.destination, format!("exchange `{}`", exchange.name), "{error}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = Exchange::create().await;
+    const ACCOUNTS: u32 = 4;
+    const EVENTS: u32 = 25;
+    for n in 0..EVENTS {
+        let mut tx = pool.begin().await.unwrap();
+        for account in 0..ACCOUNTS {
+            outbox_runtime::emit(&mut tx, &posted(account, n)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let destination = format!("{}.{{aggregate_type}}.{{aggregate_id}}", exchange.prefix);
+    let flaky = Flaky { inner: exchange.sink().await, fail_percent: 30 };
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .forward(Forward::to(flaky).destination(&destination))
+            .max_attempts(1_000),
+    );
+    let total = i64::from(ACCOUNTS * EVENTS);
+    eventually("every event is published", || async { count_published(&pool).await == total })
+        .await;
+    let counts = relay.stop().await;
+    assert!(counts.failed > 0, "the sink refused some messages: {counts:?}");
+
+    let mut per_account: HashMap<String, Vec<u64>> = HashMap::new();
+    for message in exchange.messages().await {
+        let account = message.routing_key.rsplit('.').next().unwrap().to_owned();
+        per_account.entry(account).or_default().push(message.payload["n"].as_u64().unwrap());
+    }
+    assert_eq!(per_account.len(), ACCOUNTS as usize);
+    for (account, ns) in per_account {
+        let expected: Vec<u64> = (0..u64::from(EVENTS)).collect();
+        assert_eq!(ns, expected, "account {account}: each event once, in emit order");
+    }
+}

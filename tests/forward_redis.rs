@@ -1,0 +1,180 @@
+//! Forwarding to Redis Streams on 127.0.0.1:6379 (the real server): each test appends to
+//! stream keys under a prefix of its own, and deletes them.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox_runtime::forward::{redis::RedisSink, Forward};
+use outbox_runtime::{Backoff, Error, Relay};
+use sqlx::PgPool;
+use support::accounts::posted;
+use support::flaky::Flaky;
+use support::redis::{Entry, Streams};
+use support::*;
+
+async fn forwarding(pool: &PgPool, streams: &Streams) -> outbox_runtime::RelayBuilder {
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+    let forward = Forward::to(streams.sink().await).destination(&destination);
+    fast(Relay::builder(pool.clone())).forward(forward)
+}
+
+fn fields(entry: &Entry) -> HashMap<&str, &str> {
+    entry.1.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect()
+}
+
+#[sqlx::test(migrations = false)]
+async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool) {
+    migrated(&pool).await;
+    let streams = Streams::create().await;
+    let mut tx = pool.begin().await.unwrap();
+    let options = outbox_runtime::EmitOptions::new()
+        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .header("tenant", "acme");
+    let kept =
+        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut rolled_back = pool.begin().await.unwrap();
+    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
+    rolled_back.rollback().await.unwrap();
+
+    let relay = Running::start(forwarding(&pool, &streams).await);
+    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (2, 0));
+
+    let key = format!("{}.order.order.placed", streams.prefix);
+    assert_eq!(streams.keys().await, [key.as_str()], "one stream key per destination");
+    let mut entries = streams.entries(&key).await;
+    assert_eq!(entries.len(), 2, "each committed event once, the rolled-back one never");
+    let payload = |entry: &Entry| -> serde_json::Value {
+        serde_json::from_str(fields(entry)["payload"]).unwrap()
+    };
+    // Two rows published in one batch may be appended in either order; match them by payload.
+    entries.sort_by_key(|entry| payload(entry)["total_cents"].as_i64());
+    for (entry, id) in entries.iter().zip(&kept) {
+        let names: Vec<&str> = entry.1.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names[..3], ["id", "key", "content-type"]);
+        assert_eq!(names.last(), Some(&"payload"));
+        let fields = fields(entry);
+        let payload = payload(entry);
+        assert_eq!(fields["id"], id.to_string());
+        assert_eq!(fields["key"], payload["order_id"].as_str().unwrap());
+        assert_eq!(fields["content-type"], "application/json");
+        assert_eq!(fields["h:outbox-event-id"], id.to_string());
+        assert_eq!(fields["h:outbox-event-type"], "order.placed");
+        assert_eq!(fields["h:outbox-aggregate-type"], "order");
+        assert_eq!(fields["h:outbox-aggregate-id"], fields["key"]);
+        assert_eq!(
+            fields["h:traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(fields["h:tenant"], "acme");
+        assert!(fields.contains_key("h:outbox-created-at"));
+    }
+    let totals: Vec<i64> =
+        entries.iter().map(|entry| payload(entry)["total_cents"].as_i64().unwrap()).collect();
+    assert_eq!(totals, [1, 2], "the payloads as stored");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_key_holding_another_type_is_a_failure_naming_it_and_loses_nothing(pool: PgPool) {
+    migrated(&pool).await;
+    let streams = Streams::create().await;
+    let key = format!("{}.order.order.placed", streams.prefix);
+    let mut connection = streams.connection.clone();
+    let () = ::redis::cmd("SET")
+        .arg(&key)
+        .arg("not a stream")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+    let forward = Forward::to(streams.sink().await).destination(&destination);
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .forward(forward)
+            .poll_interval(Duration::from_millis(50))
+            .backoff(Backoff {
+                base: Duration::from_secs(60),
+                cap: Duration::from_secs(60),
+                jitter: false,
+            }),
+    );
+    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
+        .await;
+    relay.stop().await;
+    let row = row_state(&pool, id).await;
+    assert!(!row.published && !row.dead, "still pending, to retry");
+    let error = row.last_error.unwrap();
+    assert!(error.starts_with(&format!("{key}: ")), "{error}");
+    assert!(error.contains("WRONGTYPE"), "{error}");
+    let value: String = ::redis::cmd("GET").arg(&key).query_async(&mut connection).await.unwrap();
+    assert_eq!(value, "not a stream", "nothing was written");
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_unreachable_server_stops_the_relay_at_start(pool: PgPool) {
+    migrated(&pool).await;
+    // Nothing listens on port 1.
+    let client = ::redis::Client::open("redis://127.0.0.1:1/").unwrap();
+    let config = ::redis::aio::ConnectionManagerConfig::new()
+        .set_number_of_retries(0)
+        .set_connection_timeout(Some(Duration::from_secs(1)));
+    let connection = ::redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
+    let relay = Relay::builder(pool.clone())
+        .forward(Forward::to(RedisSink::new(connection)))
+        .build()
+        .unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
+            .await
+            .expect("the relay stops at once");
+    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    assert_eq!(error.destination, "redis server (PING)", "{error}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool: PgPool) {
+    migrated(&pool).await;
+    let streams = Streams::create().await;
+    const ACCOUNTS: u32 = 4;
+    const EVENTS: u32 = 25;
+    for n in 0..EVENTS {
+        let mut tx = pool.begin().await.unwrap();
+        for account in 0..ACCOUNTS {
+            outbox_runtime::emit(&mut tx, &posted(account, n)).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    let destination = format!("{}.{{aggregate_type}}.{{aggregate_id}}", streams.prefix);
+    let flaky = Flaky { inner: streams.sink().await, fail_percent: 30 };
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .forward(Forward::to(flaky).destination(&destination))
+            .max_attempts(1_000),
+    );
+    let total = i64::from(ACCOUNTS * EVENTS);
+    eventually("every event is published", || async { count_published(&pool).await == total })
+        .await;
+    let counts = relay.stop().await;
+    assert!(counts.failed > 0, "the sink refused some messages: {counts:?}");
+
+    for account in 0..ACCOUNTS {
+        let key = format!("{}.account.{account}", streams.prefix);
+        let ns: Vec<u64> = streams
+            .entries(&key)
+            .await
+            .iter()
+            .map(|entry| {
+                let payload: serde_json::Value =
+                    serde_json::from_str(fields(entry)["payload"]).unwrap();
+                payload["n"].as_u64().unwrap()
+            })
+            .collect();
+        let expected: Vec<u64> = (0..u64::from(EVENTS)).collect();
+        assert_eq!(ns, expected, "account {account}: each event once, in emit order");
+    }
+}

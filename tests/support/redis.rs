@@ -1,0 +1,73 @@
+//! Redis stream keys of a test's own, on the real server.
+
+use ::redis::aio::ConnectionManager;
+use ::redis::Client;
+use outbox_runtime::forward::redis::RedisSink;
+use uuid::Uuid;
+
+/// Where Redis runs on every developer and CI machine.
+pub const REDIS: &str = "redis://127.0.0.1:6379/";
+
+pub async fn connect() -> ConnectionManager {
+    let client = Client::open(REDIS).unwrap();
+    ConnectionManager::new(client).await.expect("Redis runs on 127.0.0.1:6379")
+}
+
+/// One stream entry: its id and its fields in order.
+pub type Entry = (String, Vec<(String, String)>);
+
+/// Stream keys under a prefix of the test's own; every key under it is deleted when dropped.
+pub struct Streams {
+    pub connection: ConnectionManager,
+    /// Every key of the test starts with this and a dot.
+    pub prefix: String,
+}
+
+impl Streams {
+    pub async fn create() -> Self {
+        let prefix = format!("outbox-test-{}", Uuid::new_v4().simple());
+        Streams { connection: connect().await, prefix }
+    }
+
+    pub async fn sink(&self) -> RedisSink {
+        RedisSink::new(connect().await)
+    }
+
+    /// Every entry of the stream `key`, oldest first (`XRANGE key - +`).
+    pub async fn entries(&self, key: &str) -> Vec<Entry> {
+        let mut connection = self.connection.clone();
+        ::redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    }
+
+    /// The test's keys.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut connection = self.connection.clone();
+        let pattern = format!("{}.*", self.prefix);
+        ::redis::cmd("KEYS").arg(pattern).query_async(&mut connection).await.unwrap()
+    }
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        let mut connection = self.connection.clone();
+        let pattern = format!("{}.*", self.prefix);
+        // Best effort: the prefixes are unique, so a leftover harms no other test.
+        tokio::spawn(async move {
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg(pattern)
+                .query_async(&mut connection)
+                .await
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: Result<i64, _> =
+                    ::redis::cmd("DEL").arg(keys).query_async(&mut connection).await;
+            }
+        });
+    }
+}
