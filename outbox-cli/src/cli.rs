@@ -73,15 +73,21 @@ pub enum Command {
 /// Arguments of `outbox forward`.
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
-    /// The broker: nats://host:port (JetStream; needs --stream)
-    #[arg(long, env = "OUTBOX_FORWARD_TO", value_name = "URL")]
+    /// The broker: nats://host:port (JetStream; needs --stream), amqp://user:password@host:port/vhost
+    /// (RabbitMQ; needs --exchange), or redis://host:port (Redis Streams)
+    #[arg(long, env = "OUTBOX_FORWARD_TO", value_name = "URL", hide_env_values = true)]
     pub to: String,
 
     /// The JetStream stream the subjects go into (NATS)
     #[arg(long, env = "OUTBOX_FORWARD_STREAM", value_name = "NAME")]
     pub stream: Option<String>,
 
-    /// Where each event goes (NATS subject): {aggregate_type}, {event_type}, {aggregate_id}
+    /// The exchange messages are published to, with the destination as routing key (RabbitMQ)
+    #[arg(long, env = "OUTBOX_FORWARD_EXCHANGE", value_name = "NAME")]
+    pub exchange: Option<String>,
+
+    /// Where each event goes (NATS subject, RabbitMQ routing key, Redis stream key):
+    /// {aggregate_type}, {event_type}, {aggregate_id}
     #[arg(
         long,
         visible_alias = "routing-key",

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use outbox_runtime::forward::{nats::NatsSink, Forward};
+use outbox_runtime::forward::nats::{async_nats, NatsSink};
+use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
+use outbox_runtime::forward::redis::{redis, RedisSink};
+use outbox_runtime::forward::Forward;
 use outbox_runtime::{Relay, RelayCounts, RelayMetrics};
 use sqlx::PgPool;
 use tokio::signal::unix::{signal, SignalKind};
@@ -20,8 +23,7 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let mut forward =
-        Forward::to(sink(args).await?).destination(&args.subject).cloudevents(args.cloudevents);
+    let mut forward = sink(args).await?.destination(&args.subject).cloudevents(args.cloudevents);
     if !args.event_type.is_empty() {
         forward = forward.only(args.event_type.clone());
     }
@@ -81,22 +83,58 @@ async fn serve_metrics(
     })
 }
 
-/// The sink `--to` names.
-async fn sink(args: &ForwardArgs) -> Result<NatsSink, Failure> {
-    let Some(address) = args.to.strip_prefix("nats://") else {
-        let scheme = args.to.split("://").next().unwrap_or_default();
-        return Err(Failure::Forward(format!(
-            "cannot forward to `{scheme}://`: this build forwards to nats://host:port"
-        )));
+/// The sink `--to` names. Errors name the broker by host and port, never by its URL, which
+/// may hold a password.
+async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
+    let url = args.to.as_str();
+    let (scheme, _) = url.split_once("://").unwrap_or((url, ""));
+    let at = endpoint(url);
+    let unreachable = |error: &dyn std::fmt::Display| {
+        Failure::Forward(format!("cannot reach the broker at {at}: {error}"))
     };
-    let Some(stream) = &args.stream else {
-        return Err(Failure::Forward("forwarding to NATS needs --stream".to_owned()));
-    };
-    let client = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(address))
-        .await
-        .map_err(|_| Failure::Forward(format!("cannot reach NATS at {address}: timed out")))?
-        .map_err(|error| Failure::Forward(format!("cannot reach NATS at {address}: {error}")))?;
-    Ok(NatsSink::new(client, stream.clone()))
+    let needs = |flag: &str| Failure::Forward(format!("forwarding to {scheme}:// needs {flag}"));
+    match scheme {
+        "nats" => {
+            let stream = args.stream.clone().ok_or_else(|| needs("--stream"))?;
+            let client = within_5s(async_nats::connect(at.as_str()))
+                .await
+                .map_err(|e| unreachable(&e))?
+                .map_err(|e| unreachable(&e))?;
+            Ok(Forward::to(NatsSink::new(client, stream)))
+        }
+        "amqp" | "amqps" => {
+            let exchange = args.exchange.clone().ok_or_else(|| needs("--exchange"))?;
+            let properties = lapin::ConnectionProperties::default();
+            let connection = within_5s(lapin::Connection::connect(url, properties))
+                .await
+                .map_err(|e| unreachable(&e))?
+                .map_err(|e| unreachable(&e))?;
+            Ok(Forward::to(RabbitSink::new(connection, exchange)))
+        }
+        "redis" | "rediss" => {
+            let client = redis::Client::open(url).map_err(|e| unreachable(&e))?;
+            let connection = within_5s(redis::aio::ConnectionManager::new(client))
+                .await
+                .map_err(|e| unreachable(&e))?
+                .map_err(|e| unreachable(&e))?;
+            Ok(Forward::to(RedisSink::new(connection)))
+        }
+        _ => Err(Failure::Forward(format!(
+            "cannot forward to `{scheme}://`: expected nats://, amqp:// or redis://"
+        ))),
+    }
+}
+
+/// `host:port` of a broker URL, without scheme, credentials or path.
+fn endpoint(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    rest.split(['/', '?']).next().unwrap_or_default().to_owned()
+}
+
+/// A connection attempt, given up after 5 s.
+async fn within_5s<T>(connecting: impl std::future::Future<Output = T>) -> Result<T, &'static str> {
+    tokio::time::timeout(Duration::from_secs(5), connecting).await.map_err(|_| "timed out")
 }
 
 /// Prints a progress line every `every`.

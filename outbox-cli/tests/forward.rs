@@ -13,6 +13,12 @@ mod db;
 #[path = "../../tests/support/nats.rs"]
 #[allow(dead_code)] // the workspace tests use the rest
 mod nats;
+#[path = "../../tests/support/rabbitmq.rs"]
+#[allow(dead_code)]
+mod rabbitmq;
+#[path = "../../tests/support/redis.rs"]
+#[allow(dead_code)]
+mod redis_streams;
 use db::*;
 use nats::Stream;
 
@@ -122,9 +128,16 @@ async fn forward_refuses_a_broker_it_cannot_use(pool: PgPool) {
         assert_eq!(output.status.code(), Some(1));
         String::from_utf8(output.stderr).unwrap()
     };
-    let amqp = fails(&[("OUTBOX_FORWARD_TO", "amqp://guest:guest@127.0.0.1:5672/%2f")]);
-    assert!(amqp.contains("cannot forward to `amqp://`"), "{amqp}");
-    assert!(!amqp.contains("guest:guest"), "the URL's password is never printed: {amqp}");
+    let ftp = fails(&[("OUTBOX_FORWARD_TO", "ftp://127.0.0.1")]);
+    assert!(ftp.contains("cannot forward to `ftp://`"), "{ftp}");
+    let no_exchange = fails(&[("OUTBOX_FORWARD_TO", "amqp://guest:guest@127.0.0.1:5672/%2f")]);
+    assert!(no_exchange.contains("needs --exchange"), "{no_exchange}");
+    let refused = fails(&[
+        ("OUTBOX_FORWARD_TO", "amqp://guest:not-the-password@127.0.0.1:5672/%2f"),
+        ("OUTBOX_FORWARD_EXCHANGE", "amq.topic"),
+    ]);
+    assert!(refused.contains("cannot reach the broker at 127.0.0.1:5672"), "{refused}");
+    assert!(!refused.contains("not-the-password"), "the password is never printed: {refused}");
     let no_stream = fails(&[("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222")]);
     assert!(no_stream.contains("needs --stream"), "{no_stream}");
     let missing = fails(&[
@@ -135,4 +148,76 @@ async fn forward_refuses_a_broker_it_cannot_use(pool: PgPool) {
         missing.contains("the forwarding sink is not ready: stream `NO_SUCH_STREAM`"),
         "{missing}"
     );
+}
+
+/// Runs the daemon until it published every pending row, then stops it with SIGTERM; returns
+/// its JSON summary.
+async fn forward_all(pool: &PgPool, env: &[(&str, &str)], events: i64) -> serde_json::Value {
+    let child = forward(pool, env);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while published(pool).await < events {
+        assert!(tokio::time::Instant::now() < deadline, "the forwarder published everything");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap());
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_publishes_to_a_rabbitmq_exchange(pool: PgPool) {
+    migrated(&pool).await;
+    let exchange = rabbitmq::Exchange::create().await;
+    let events: Vec<OrderPlaced> = (0..5).map(|order_id| OrderPlaced { order_id }).collect();
+    let mut ids = emit_committed(&pool, &events).await;
+    let routing_key = format!("{}.{{aggregate_type}}.{{event_type}}", exchange.prefix);
+    let summary = forward_all(
+        &pool,
+        &[
+            ("OUTBOX_FORWARD_TO", rabbitmq::AMQP),
+            ("OUTBOX_FORWARD_EXCHANGE", &exchange.name),
+            ("OUTBOX_FORWARD_SUBJECT", &routing_key),
+        ],
+        5,
+    )
+    .await;
+    assert_eq!(summary["forwarded"], 5);
+    let mut received: Vec<Uuid> = exchange
+        .messages()
+        .await
+        .iter()
+        .map(|message| message.message_id.as_deref().unwrap().parse().unwrap())
+        .collect();
+    received.sort();
+    ids.sort();
+    assert_eq!(received, ids, "every event once, with its id as message_id");
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_appends_to_redis_streams(pool: PgPool) {
+    migrated(&pool).await;
+    let streams = redis_streams::Streams::create().await;
+    let events: Vec<OrderPlaced> = (0..5).map(|order_id| OrderPlaced { order_id }).collect();
+    let ids = emit_committed(&pool, &events).await;
+    let key = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+    let summary = forward_all(
+        &pool,
+        &[("OUTBOX_FORWARD_TO", redis_streams::REDIS), ("OUTBOX_FORWARD_SUBJECT", &key)],
+        5,
+    )
+    .await;
+    assert_eq!(summary["forwarded"], 5);
+    let entries = streams.entries(&format!("{}.order.order.placed", streams.prefix)).await;
+    let mut received: Vec<Uuid> = entries
+        .iter()
+        .map(|(_, fields)| fields.iter().find(|(name, _)| name == "id").unwrap().1.parse().unwrap())
+        .collect();
+    received.sort();
+    let mut ids = ids;
+    ids.sort();
+    assert_eq!(received, ids, "every event once, with its id field");
 }

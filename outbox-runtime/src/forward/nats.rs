@@ -7,6 +7,9 @@
 //! server's `max_payload` is refused before it is sent: the server would answer it by closing
 //! the connection, failing every other message in flight with it.
 
+/// The `async-nats` this sink is built on, so your client is the one it takes.
+pub use async_nats;
+
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::HeaderMap;
 use futures_util::future::{join_all, BoxFuture};

@@ -17,6 +17,9 @@
 //! is not reopened: once it closed (the broker restarted), deliveries fail and their rows stay
 //! pending until the relay is restarted on a new connection.
 
+/// The `lapin` this sink is built on, so your connection is the one it takes.
+pub use lapin;
+
 use futures_util::future::{join_all, BoxFuture};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};

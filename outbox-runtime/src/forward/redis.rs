@@ -20,6 +20,9 @@
 //! row's acknowledgement an entry can be appended twice, and consumers deduplicate by the `id`
 //! field.
 
+/// The `redis` crate this sink is built on, so your connection is the one it takes.
+pub use ::redis;
+
 use ::redis::aio::ConnectionManager;
 use ::redis::RedisResult;
 use futures_util::future::BoxFuture;
