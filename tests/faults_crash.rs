@@ -24,6 +24,8 @@ use outbox_runtime::OutboxEvent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use support::nats::Stream;
+use support::rabbitmq::Exchange;
+use support::redis::Streams;
 use support::{database_url, migrated, CpuBurner};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -471,43 +473,113 @@ async fn transactional_handlers_deliver_exactly_once_without_a_warning(pool: PgP
 
 const FORWARD_EVENTS: u64 = 3_000;
 
-/// A forwarding relay process SIGKILLed three times mid-drain: every event reaches JetStream,
-/// and the stream holds each exactly once (the repeats a kill causes carry the same
-/// `Nats-Msg-Id`, which the stream's duplicate window drops).
-#[sqlx::test(migrations = false)]
-async fn a_forwarder_killed_mid_batch_loses_nothing_and_jetstream_drops_the_repeats(pool: PgPool) {
-    let _burner = CpuBurner::start(BURN_LIMIT);
-    let ids: HashSet<Uuid> = prepare(&pool, FORWARD_EVENTS).await.into_iter().collect();
-    let stream = Stream::create(Duration::from_secs(600)).await;
-    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
-    settings.push(("FORWARD_STREAM", &stream.name));
-    settings.push(("FORWARD_PREFIX", &stream.prefix));
-
-    let mut relay = RelayProcess::spawn(&pool, &settings);
+/// Runs a forwarding relay process with `settings` over [`FORWARD_EVENTS`] prepared events,
+/// SIGKILLs it three times mid-drain (restarting it each time) and lets the last one drain.
+/// Returns the event ids, and the rows a killed forwarder held at each kill: the only ones it
+/// may have published to the broker without the acknowledgement committing.
+async fn kill_a_forwarder(pool: &PgPool, settings: &[(&str, &str)]) -> (HashSet<Uuid>, usize) {
+    let ids: HashSet<Uuid> = prepare(pool, FORWARD_EVENTS).await.into_iter().collect();
+    let mut held_at_kills = 0;
+    let mut relay = RelayProcess::spawn(pool, settings);
     for kill in 1..=3 {
         let target = FORWARD_EVENTS * kill / 4;
         wait_until(&format!("{target} events are published"), Duration::from_secs(60), || async {
-            count(&pool, PUBLISHED).await >= target
+            count(pool, PUBLISHED).await >= target
         })
         .await;
         let log = relay.kill();
+        held_at_kills += count(pool, "published_at IS NULL AND lease_token IS NOT NULL").await;
         println!("forwarder kill {kill}: log {:?}", log_summary(&log));
-        relay = RelayProcess::spawn(&pool, &settings);
+        relay = RelayProcess::spawn(pool, settings);
     }
     wait_until("the last forwarder drains the outbox", Duration::from_secs(60), || async {
-        count(&pool, PENDING).await == 0
+        count(pool, PENDING).await == 0
     })
     .await;
     let (counts, log) = relay.terminate().await;
     println!("last forwarder: {counts:?}; log {:?}", log_summary(&log));
+    assert_eq!(count(pool, "dead_at IS NOT NULL").await, 0);
+    (ids, held_at_kills as usize)
+}
 
-    let messages = stream.messages().await;
-    let forwarded: HashSet<Uuid> =
-        messages.iter().map(|(_, headers, _)| headers["Nats-Msg-Id"].parse().unwrap()).collect();
-    println!("{FORWARD_EVENTS} events, 3 kills: {} messages in the stream", messages.len());
-    assert_eq!(forwarded, ids, "every event reached the stream");
-    assert_eq!(messages.len(), ids.len(), "and each once");
-    assert_eq!(count(&pool, "dead_at IS NOT NULL").await, 0);
+/// Every event among `received` (the broker's message ids, repeats included), and repeats no
+/// more than the rows the killed forwarders held.
+fn assert_at_least_once(ids: &HashSet<Uuid>, received: &[Uuid], held_at_kills: usize) {
+    let distinct: HashSet<Uuid> = received.iter().copied().collect();
+    let repeats = received.len() - distinct.len();
+    println!(
+        "{FORWARD_EVENTS} events, 3 kills: {} messages, {repeats} repeats, bound {held_at_kills}",
+        received.len()
+    );
+    assert_eq!(&distinct, ids, "every event reached the broker");
+    assert!(
+        repeats <= held_at_kills,
+        "{repeats} repeats, but killed forwarders held {held_at_kills}"
+    );
+}
+
+/// JetStream: the repeats a kill causes carry the same `Nats-Msg-Id`, which the stream's
+/// duplicate window drops, so the stream holds each event exactly once.
+#[sqlx::test(migrations = false)]
+async fn a_forwarder_killed_mid_batch_loses_nothing_and_jetstream_drops_the_repeats(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let stream = Stream::create(Duration::from_secs(600)).await;
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.extend([
+        ("FORWARD_TO", "nats"),
+        ("FORWARD_STREAM", &stream.name),
+        ("FORWARD_PREFIX", &stream.prefix),
+    ]);
+    let (ids, held_at_kills) = kill_a_forwarder(&pool, &settings).await;
+    let received: Vec<Uuid> = stream
+        .messages()
+        .await
+        .iter()
+        .map(|(_, headers, _)| headers["Nats-Msg-Id"].parse().unwrap())
+        .collect();
+    assert_at_least_once(&ids, &received, held_at_kills);
+    assert_eq!(received.len(), ids.len(), "and each once");
+}
+
+/// RabbitMQ does not deduplicate: repeats reach the queue, bounded by what the killed
+/// forwarders held; consumers deduplicate by `message_id`.
+#[sqlx::test(migrations = false)]
+async fn a_forwarder_killed_mid_batch_loses_nothing_on_rabbitmq(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let exchange = Exchange::create().await;
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.extend([
+        ("FORWARD_TO", "rabbitmq"),
+        ("FORWARD_EXCHANGE", &exchange.name),
+        ("FORWARD_PREFIX", &exchange.prefix),
+    ]);
+    let (ids, held_at_kills) = kill_a_forwarder(&pool, &settings).await;
+    let received: Vec<Uuid> = exchange
+        .messages()
+        .await
+        .iter()
+        .map(|message| message.message_id.as_deref().unwrap().parse().unwrap())
+        .collect();
+    assert_at_least_once(&ids, &received, held_at_kills);
+}
+
+/// Redis Streams does not deduplicate either: repeats bounded likewise; consumers deduplicate
+/// by the `id` field.
+#[sqlx::test(migrations = false)]
+async fn a_forwarder_killed_mid_batch_loses_nothing_on_redis(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let streams = Streams::create().await;
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.extend([("FORWARD_TO", "redis"), ("FORWARD_PREFIX", &streams.prefix)]);
+    let (ids, held_at_kills) = kill_a_forwarder(&pool, &settings).await;
+    let key = format!("{}.job.job.run", streams.prefix);
+    let received: Vec<Uuid> = streams
+        .entries(&key)
+        .await
+        .iter()
+        .map(|(_, fields)| fields.iter().find(|(name, _)| name == "id").unwrap().1.parse().unwrap())
+        .collect();
+    assert_at_least_once(&ids, &received, held_at_kills);
 }
 
 const SOAK_RELAYS: usize = 3;

@@ -24,14 +24,17 @@
 //! | `POISON_EVERY` | 0 (off) | jobs whose `n` is a multiple of this fail on every attempt |
 //! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
 //! | `HANDLER_TRANSACTIONAL` | 0 | 1: a transactional handler records each delivery in the acknowledgement's transaction |
-//! | `FORWARD_STREAM`, `FORWARD_PREFIX` | unset | forward to this JetStream stream on 127.0.0.1:4222, to subjects `<prefix>.<aggregate type>.<event type>`, instead of handling |
+//! | `FORWARD_TO` | unset | forward instead of handling: `nats` (JetStream stream `FORWARD_STREAM` on 127.0.0.1:4222), `rabbitmq` (exchange `FORWARD_EXCHANGE` on 127.0.0.1:5672) or `redis` (127.0.0.1:6379), to destinations `<FORWARD_PREFIX>.<aggregate type>.<event type>` |
 //! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
 
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_runtime::forward::{nats::NatsSink, Forward};
+use outbox_runtime::forward::nats::{async_nats, NatsSink};
+use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
+use outbox_runtime::forward::redis::{redis, RedisSink};
+use outbox_runtime::forward::Forward;
 use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay, TransactionContext};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
@@ -192,13 +195,10 @@ async fn relay() -> Result<(), String> {
         jitter: false,
     };
     let builder = Relay::builder(pool).state(worker);
-    let builder = if let Ok(stream) = std::env::var("FORWARD_STREAM") {
-        let client = async_nats::connect("127.0.0.1:4222")
-            .await
-            .map_err(|error| format!("cannot reach NATS: {error}"))?;
+    let builder = if let Ok(broker) = std::env::var("FORWARD_TO") {
         let prefix = std::env::var("FORWARD_PREFIX").unwrap_or_else(|_| "outbox".to_owned());
         let destination = format!("{prefix}.{{aggregate_type}}.{{event_type}}");
-        builder.forward(Forward::to(NatsSink::new(client, stream)).destination(&destination))
+        builder.forward(forward_to(&broker).await?.destination(&destination))
     } else if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
         builder.handler(run_job_in_transaction)
     } else {
@@ -225,4 +225,34 @@ async fn relay() -> Result<(), String> {
         counts.lost_leases
     );
     Ok(())
+}
+
+/// The sink `FORWARD_TO` names.
+async fn forward_to(broker: &str) -> Result<Forward, String> {
+    let name =
+        |variable: &str| std::env::var(variable).map_err(|_| format!("{variable} is not set"));
+    let unreachable = |error: &dyn std::fmt::Display| format!("cannot reach {broker}: {error}");
+    Ok(match broker {
+        "nats" => {
+            let client =
+                async_nats::connect("127.0.0.1:4222").await.map_err(|e| unreachable(&e))?;
+            Forward::to(NatsSink::new(client, name("FORWARD_STREAM")?))
+        }
+        "rabbitmq" => {
+            let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+            let connection =
+                lapin::Connection::connect(uri, lapin::ConnectionProperties::default())
+                    .await
+                    .map_err(|e| unreachable(&e))?;
+            Forward::to(RabbitSink::new(connection, name("FORWARD_EXCHANGE")?))
+        }
+        "redis" => {
+            let client =
+                redis::Client::open("redis://127.0.0.1:6379/").map_err(|e| unreachable(&e))?;
+            let connection =
+                redis::aio::ConnectionManager::new(client).await.map_err(|e| unreachable(&e))?;
+            Forward::to(RedisSink::new(connection))
+        }
+        other => return Err(format!("FORWARD_TO={other:?}: expected nats, rabbitmq or redis")),
+    })
 }

@@ -33,16 +33,27 @@ impl Streams {
         RedisSink::new(connect().await)
     }
 
-    /// Every entry of the stream `key`, oldest first (`XRANGE key - +`).
+    /// Every entry of the stream `key`, oldest first (`XRANGE`, 500 at a time: one reply of
+    /// thousands can outlast the connection's response timeout on a busy machine).
     pub async fn entries(&self, key: &str) -> Vec<Entry> {
         let mut connection = self.connection.clone();
-        ::redis::cmd("XRANGE")
-            .arg(key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut connection)
-            .await
-            .unwrap()
+        let mut entries: Vec<Entry> = Vec::new();
+        loop {
+            let start = entries.last().map_or("-".to_owned(), |(id, _)| format!("({id}"));
+            let page: Vec<Entry> = ::redis::cmd("XRANGE")
+                .arg(key)
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            if page.is_empty() {
+                return entries;
+            }
+            entries.extend(page);
+        }
     }
 
     /// The test's keys.
