@@ -1,6 +1,6 @@
 //! The relay against an unreliable network: its connections killed by the server, and the
-//! database cut off entirely for a while (through a TCP proxy the test controls, so the shared
-//! server itself stays up).
+//! database cut off entirely for a while (through a TCP proxy the test controls,
+//! `support::proxy`, so the shared server itself stays up).
 
 mod support;
 
@@ -9,64 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_runtime::{EventContext, Relay, RelayCounts};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use support::proxy::Proxy;
 use support::*;
-use tokio::io::copy_bidirectional;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use uuid::Uuid;
-
-/// A TCP proxy to the test's PostgreSQL that can cut every connection and refuse new ones.
-struct Proxy {
-    port: u16,
-    up: watch::Sender<bool>,
-}
-
-impl Proxy {
-    async fn start(pool: &PgPool) -> Proxy {
-        let options = pool.connect_options();
-        let target = format!("{}:{}", options.get_host(), options.get_port());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (up, _) = watch::channel(true);
-        let state = up.subscribe();
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else { return };
-                let mut state = state.clone();
-                if !*state.borrow() {
-                    drop(client); // refused while cut
-                    continue;
-                }
-                let target = target.clone();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(&target).await else { return };
-                    let mut client = client;
-                    tokio::select! {
-                        _ = copy_bidirectional(&mut client, &mut server) => {}
-                        _ = state.wait_for(|up| !*up) => {} // cut: drop both ends
-                    }
-                });
-            }
-        });
-        Proxy { port, up }
-    }
-
-    fn cut(&self) {
-        self.up.send_replace(false);
-    }
-
-    fn restore(&self) {
-        self.up.send_replace(true);
-    }
-
-    /// A pool whose connections go through the proxy.
-    fn pool(&self, pool: &PgPool) -> PgPool {
-        let options = (*pool.connect_options()).clone().port(self.port);
-        PgPoolOptions::new().acquire_timeout(Duration::from_secs(2)).connect_lazy_with(options)
-    }
-}
 
 /// Deliveries per event id.
 #[derive(Clone, Default)]
@@ -109,7 +56,7 @@ impl Running {
 #[sqlx::test(migrations = false)]
 async fn a_relay_started_while_the_database_is_away_delivers_once_it_is_back(pool: PgPool) {
     migrated(&pool).await;
-    let proxy = Proxy::start(&pool).await;
+    let proxy = Proxy::to_database(&pool).await;
     proxy.cut();
     let seen = Seen::default();
     let relay = Relay::builder(proxy.pool(&pool))
@@ -133,7 +80,7 @@ async fn a_relay_started_while_the_database_is_away_delivers_once_it_is_back(poo
 #[sqlx::test(migrations = false)]
 async fn losing_the_database_mid_run_loses_nothing(pool: PgPool) {
     migrated(&pool).await;
-    let proxy = Proxy::start(&pool).await;
+    let proxy = Proxy::to_database(&pool).await;
     let seen = Seen::default();
     let relay = Relay::builder(proxy.pool(&pool))
         .state(seen.clone())

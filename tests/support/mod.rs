@@ -5,6 +5,7 @@ pub mod accounts;
 mod db;
 pub mod flaky;
 pub mod nats;
+pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
 

@@ -13,49 +13,184 @@
 //!
 //! One channel is kept across batches and shared by batches in flight; a channel the broker
 //! closed (after an error) is replaced by a new one at the next batch, so one failure does not
-//! poison the deliveries after it. The connection is the one given to [`RabbitSink::new`] and
-//! is not reopened: once it closed (the broker restarted), deliveries fail and their rows stay
-//! pending until the relay is restarted on a new connection.
+//! poison the deliveries after it.
+//!
+//! What happens when the connection itself closes (the broker restarted, the network dropped)
+//! depends on how the sink was made:
+//!
+//! - [`RabbitSink::from_uri`] keeps the URI and the connection properties, and opens a new
+//!   connection at the next batch (or start check) once the current one is no longer connected:
+//!   delivery resumes by itself when the broker is back. An attempt is bounded by
+//!   [`CONNECT_TIMEOUT`], so during an outage a batch fails fast (and its rows are retried with
+//!   the relay's backoff) instead of hanging; batches that waited for an attempt that failed
+//!   fail with its error rather than each trying again. A failed attempt is a [`SinkError`]
+//!   naming the routing key (the exchange, at start) and the cause, never the URI, which may
+//!   hold a password.
+//! - [`RabbitSink::new`] takes a connection it cannot reopen: once that connection closed,
+//!   deliveries fail and their rows stay pending until the relay is restarted on a new one.
+//!
+//! Do not combine `from_uri` with lapin's own `enable_auto_recover`: the sink already
+//! reconnects, and two mechanisms recovering one connection race each other.
 
 /// The `lapin` this sink is built on, so your connection is the one it takes.
 pub use lapin;
 
+use std::time::Duration;
+
 use futures_util::future::{join_all, BoxFuture};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
+use lapin::uri::AMQPUri;
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use crate::forward::{OutboundMessage, Sink, SinkError};
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
 const PERSISTENT: u8 = 2;
 
+/// Longest a sink spends opening a connection ([`RabbitSink::from_uri`]) or a channel: long
+/// enough for a broker across a slow network, short enough that a batch sent during an outage
+/// fails (and is retried) instead of holding its rows.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Publishes to one RabbitMQ exchange, routing each message by its destination.
 pub struct RabbitSink {
-    connection: Connection,
     exchange: String,
+    /// How to open a new connection: `None` for a sink on a given connection ([`RabbitSink::new`]).
+    connector: Option<Connector>,
+    current: Mutex<Current>,
+}
+
+/// What a sink made from a URI keeps to connect again. No `Debug`: the URI may hold a password.
+struct Connector {
+    /// The parsed URI, or why it does not parse (in words that do not quote it).
+    uri: Result<AMQPUri, String>,
+    properties: ConnectionProperties,
+}
+
+/// The connection and the publishing channel, replaced together under one lock, so that one
+/// batch at a time opens them and the others wait for its result.
+#[derive(Default)]
+struct Current {
+    /// `None` until a sink made from a URI first connects.
+    connection: Option<Connection>,
     /// The publishing channel, in confirm mode; opened with the first batch, replaced once closed.
-    channel: Mutex<Option<Channel>>,
+    channel: Option<Channel>,
+    /// When the last attempt to connect failed, and why: batches that were already waiting for
+    /// the lock share that failure instead of each waiting out a timeout of its own.
+    failed: Option<(Instant, String)>,
 }
 
 impl RabbitSink {
     /// A sink on `connection` that publishes to the exchange named `exchange`, which must exist
     /// when the relay starts (declare it, and bind the queues your destinations route to).
+    ///
+    /// It reopens channels, not the connection: once `connection` closed, every delivery fails
+    /// until the relay is restarted on a new one. Use [`RabbitSink::from_uri`] for a sink that
+    /// reconnects by itself.
     pub fn new(connection: Connection, exchange: impl Into<String>) -> Self {
-        RabbitSink { connection, exchange: exchange.into(), channel: Mutex::new(None) }
+        let current = Current { connection: Some(connection), ..Current::default() };
+        RabbitSink { exchange: exchange.into(), connector: None, current: Mutex::new(current) }
     }
 
-    /// The open publishing channel, or a new one in confirm mode if there is none or it closed.
-    async fn channel(&self) -> Result<Channel, lapin::Error> {
-        let mut channel = self.channel.lock().await;
-        if let Some(open) = channel.as_ref().filter(|c| c.status().connected()) {
+    /// A sink that connects to the broker at `uri` (`amqp://user:password@host:port/vhost`) with
+    /// `properties`, publishes to the exchange named `exchange`, which must exist when the relay
+    /// starts, and connects again by itself whenever its connection closed (see the
+    /// [module docs](self)).
+    ///
+    /// No I/O here: the relay's start check opens the first connection, so a broker that is
+    /// down, refuses the credentials or lacks the exchange stops the relay with
+    /// [`Error::Sink`](crate::Error::Sink). A URI that does not parse is reported there too.
+    pub fn from_uri(
+        uri: &str,
+        properties: ConnectionProperties,
+        exchange: impl Into<String>,
+    ) -> Self {
+        let uri = uri.parse::<AMQPUri>().map_err(|error| {
+            // The parser's message can quote the whole URI, password included.
+            if error.contains(uri) {
+                "the URI is not a valid AMQP URI".to_owned()
+            } else {
+                format!("the URI is not a valid AMQP URI: {error}")
+            }
+        });
+        RabbitSink {
+            exchange: exchange.into(),
+            connector: Some(Connector { uri, properties }),
+            current: Mutex::new(Current::default()),
+        }
+    }
+
+    /// The open publishing channel, or a new one in confirm mode (on a new connection if the
+    /// sink can make one and the current one is closed).
+    async fn channel(&self) -> Result<Channel, String> {
+        let asked = Instant::now();
+        let mut current = self.current.lock().await;
+        if let Some(open) = current.channel.as_ref().filter(|c| c.status().connected()) {
             return Ok(open.clone());
         }
-        let opened = self.connection.create_channel().await?;
-        opened.confirm_select(ConfirmSelectOptions::default()).await?;
-        *channel = Some(opened.clone());
-        Ok(opened)
+        let opened = self.connected(&mut current, asked).await?;
+        let open = async {
+            let channel = opened.create_channel().await?;
+            channel.confirm_select(ConfirmSelectOptions::default()).await?;
+            Ok::<_, lapin::Error>(channel)
+        };
+        let channel = within(open).await.map_err(|e| format!("cannot open a channel: {e}"))?;
+        current.channel = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// The current connection, or a new one if it is closed and the sink can make one.
+    /// `asked`: when the caller started waiting for the lock.
+    async fn connected<'c>(
+        &self,
+        current: &'c mut Current,
+        asked: Instant,
+    ) -> Result<&'c Connection, String> {
+        let stale = current.connection.as_ref().is_none_or(|c| !c.status().connected());
+        if let (true, Some(connector)) = (stale, &self.connector) {
+            if let Some((_, error)) = current.failed.as_ref().filter(|(at, _)| *at >= asked) {
+                return Err(error.clone());
+            }
+            current.channel = None;
+            current.connection = None;
+            match connector.connect().await {
+                Ok(connection) => {
+                    current.failed = None;
+                    current.connection = Some(connection);
+                }
+                Err(error) => {
+                    current.failed = Some((Instant::now(), error.clone()));
+                    return Err(error);
+                }
+            }
+        }
+        current.connection.as_ref().ok_or_else(|| "no connection to the broker".to_owned())
+    }
+}
+
+impl Connector {
+    /// A new connection, within [`CONNECT_TIMEOUT`]; the error names the cause, not the URI.
+    async fn connect(&self) -> Result<Connection, String> {
+        let connected = match &self.uri {
+            Ok(uri) => within(Connection::connect_uri(uri.clone(), self.properties.clone())).await,
+            Err(invalid) => Err(invalid.clone()),
+        };
+        connected.map_err(|error| format!("cannot connect to the broker: {error}"))
+    }
+}
+
+/// Awaits `step` for at most [`CONNECT_TIMEOUT`].
+async fn within<T>(
+    step: impl std::future::Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, step).await {
+        Ok(done) => done.map_err(|error| error.to_string()),
+        Err(_) => Err(format!("no answer from the broker within {CONNECT_TIMEOUT:?}")),
     }
 }
 
@@ -64,8 +199,17 @@ impl Sink for RabbitSink {
         Box::pin(async move {
             let what = format!("exchange `{}`", self.exchange);
             // A channel of its own: a failed passive declare closes the channel it ran on.
-            let channel =
-                self.connection.create_channel().await.map_err(|e| SinkError::new(&what, e))?;
+            let channel = {
+                let asked = Instant::now();
+                let mut current = self.current.lock().await;
+                let connection = self
+                    .connected(&mut current, asked)
+                    .await
+                    .map_err(|e| SinkError::new(&what, e))?;
+                within(connection.create_channel()).await.map_err(|e| {
+                    SinkError::new(&what, format_args!("cannot open a channel: {e}"))
+                })?
+            };
             let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
             channel
                 .exchange_declare(
@@ -89,7 +233,7 @@ impl Sink for RabbitSink {
             let channel = match self.channel().await {
                 Ok(channel) => channel,
                 Err(e) => {
-                    let reason = format!("no channel to publish on: {e}");
+                    let reason = format!("exchange `{}`: {e}", self.exchange);
                     return batch
                         .iter()
                         .map(|m| Err(SinkError::new(&m.destination, &reason)))
@@ -143,4 +287,22 @@ fn properties(message: &OutboundMessage) -> BasicProperties {
         .with_content_type(message.content_type.into())
         .with_delivery_mode(PERSISTENT)
         .with_headers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_uri_that_does_not_parse_fails_the_start_check_without_quoting_it() {
+        // The first has no authority, and the parser's message quotes it whole.
+        for uri in ["amqp:guest:s3cret-pw@host/%2f", "amqp://guest:s3cret-pw@host:port/%2f"] {
+            let sink = RabbitSink::from_uri(uri, ConnectionProperties::default(), "events");
+            let error = sink.check().await.expect_err("the URI does not parse").to_string();
+            let expected = "exchange `events`: cannot connect to the broker: the URI is not a \
+                            valid AMQP URI";
+            assert!(error.starts_with(expected), "{error}");
+            assert!(!error.contains("s3cret-pw") && !error.contains("amqp:"), "{error}");
+        }
+    }
 }
