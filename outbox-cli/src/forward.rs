@@ -103,13 +103,10 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
             Ok(Forward::to(NatsSink::new(client, stream)))
         }
         "amqp" | "amqps" => {
+            // Connects when the relay starts, and again whenever the connection drops.
             let exchange = args.exchange.clone().ok_or_else(|| needs("--exchange"))?;
             let properties = lapin::ConnectionProperties::default();
-            let connection = within_5s(lapin::Connection::connect(url, properties))
-                .await
-                .map_err(|e| unreachable(&e))?
-                .map_err(|e| unreachable(&e))?;
-            Ok(Forward::to(RabbitSink::new(connection, exchange)))
+            Ok(Forward::to(RabbitSink::from_uri(url, properties, exchange)))
         }
         "redis" | "rediss" => {
             let client = redis::Client::open(url).map_err(|e| unreachable(&e))?;

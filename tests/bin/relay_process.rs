@@ -240,11 +240,8 @@ async fn forward_to(broker: &str) -> Result<Forward, String> {
         }
         "rabbitmq" => {
             let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
-            let connection =
-                lapin::Connection::connect(uri, lapin::ConnectionProperties::default())
-                    .await
-                    .map_err(|e| unreachable(&e))?;
-            Forward::to(RabbitSink::new(connection, name("FORWARD_EXCHANGE")?))
+            let properties = lapin::ConnectionProperties::default();
+            Forward::to(RabbitSink::from_uri(uri, properties, name("FORWARD_EXCHANGE")?))
         }
         "redis" => {
             let client =
