@@ -6,12 +6,16 @@
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
 //! and the 200,000-event stale-statistics drain workloads; `--only emit,drain,...` runs just the
 //! named workloads (emit, drain, drain_stale, drain_stale_big, ordering, baselines, steady,
-//! history, memory). Ratios are computed within each run, then their median is reported.
+//! history, memory, forward_nats, forward_rabbitmq). Ratios are computed within each run, then
+//! their median is reported. The forwarding workloads need NATS with JetStream on
+//! 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest); they run only when `--only`
+//! names them.
 
 mod baseline;
 mod db;
 mod emit;
 mod events;
+mod forward;
 mod memory;
 mod relay;
 
@@ -35,7 +39,10 @@ impl Args {
     /// Whether the workload `name` runs (`--only` names a subset; heavy ones can be skipped).
     fn runs(&self, name: &str) -> bool {
         let heavy = matches!(name, "history" | "memory" | "drain_stale_big");
-        self.only.as_ref().map_or(!heavy || self.heavy, |only| only.iter().any(|o| o == name))
+        // The brokers are not part of every machine's setup: those run only when named.
+        let brokers = name.starts_with("forward_");
+        let default = !brokers && (!heavy || self.heavy);
+        self.only.as_ref().map_or(default, |only| only.iter().any(|o| o == name))
     }
 }
 
@@ -48,12 +55,13 @@ struct Sizes {
     seconds: u64,
 }
 
-/// Samples per figure, in insertion order of first use.
+/// Samples per figure, by name.
 #[derive(Default)]
-struct Samples(BTreeMap<&'static str, Vec<f64>>);
+struct Samples(BTreeMap<String, Vec<f64>>);
 
 impl Samples {
-    fn add(&mut self, name: &'static str, value: f64) {
+    fn add(&mut self, name: impl Into<String>, value: f64) {
+        let name = name.into();
         eprintln!("  {name}: {value:.2}");
         self.0.entry(name).or_default().push(value);
     }
@@ -229,17 +237,20 @@ async fn main() {
         // 3. steady state
         if args.runs("steady") {
             let db = Database::fresh(&args.url, "steady").await;
-            let (rate, mut latencies) = relay::steady(&db.pool, 4, secs * 2).await;
+            let (rate, latencies) = relay::steady(&db.pool, 4, secs * 2).await;
             db.drop().await;
-            latencies.sort();
-            let at = |q: f64| {
-                let i = ((latencies.len() as f64 * q) as usize).min(latencies.len() - 1);
-                latencies[i].as_secs_f64() * 1e3
-            };
             s.add("steady events/s", rate);
-            s.add("steady p50 ms", at(0.50));
-            s.add("steady p99 ms", at(0.99));
-            s.add("steady p99.9 ms", at(0.999));
+            s.add("steady p50 ms", percentile_ms(&latencies, 0.50));
+            s.add("steady p99 ms", percentile_ms(&latencies, 0.99));
+            s.add("steady p99.9 ms", percentile_ms(&latencies, 0.999));
+        }
+
+        // 8. forwarding to real brokers, each beside the bare client in the same run.
+        if args.runs("forward_nats") {
+            forwarding::<forward::Nats>(&mut s, "nats", &args.url, sizes.drain, secs).await;
+        }
+        if args.runs("forward_rabbitmq") {
+            forwarding::<forward::Rabbit>(&mut s, "rabbitmq", &args.url, sizes.drain, secs).await;
         }
 
         // 5. history
@@ -270,11 +281,47 @@ async fn main() {
     }
 
     if args.json {
-        let medians: BTreeMap<&str, f64> = s.0.keys().map(|k| (*k, s.median(k))).collect();
+        let medians: BTreeMap<&str, f64> = s.0.keys().map(|k| (k.as_str(), s.median(k))).collect();
         println!("{}", serde_json::to_string_pretty(&medians).unwrap());
     } else {
         print_table(&s, &sizes, args.runs);
     }
+}
+
+/// The forwarding workloads on broker `B`, figures named after `broker`: the drain beside the
+/// bare client at the relay's default concurrency (16) and at 64, then the latency at 2,000
+/// events/s.
+async fn forwarding<B: forward::Broker>(
+    s: &mut Samples,
+    broker: &str,
+    url: &str,
+    events: usize,
+    secs: Duration,
+) {
+    let mut duplicates = 0;
+    for concurrency in [16, 64] {
+        let measured = forward::throughput::<B>(url, events, concurrency).await;
+        s.add(format!("{broker} relay c{concurrency} events/s"), measured.relay);
+        s.add(format!("{broker} bare w{concurrency} events/s"), measured.bare);
+        s.add(format!("{broker} relay vs bare c{concurrency}"), measured.relay / measured.bare);
+        let profile = &measured.profile;
+        s.add(format!("{broker} relay c{concurrency} batch size"), profile.batch_size);
+        s.add(format!("{broker} relay c{concurrency} confirm ms"), profile.confirm_ms);
+        s.add(format!("{broker} relay c{concurrency} batch interval ms"), profile.interval_ms);
+        duplicates += measured.duplicates;
+    }
+    let latency = forward::latency::<B>(url, 2_000.0, secs).await;
+    s.add(format!("{broker} latency events/s"), latency.rate);
+    s.add(format!("{broker} latency p50 ms"), percentile_ms(&latency.latencies, 0.50));
+    s.add(format!("{broker} latency p99 ms"), percentile_ms(&latency.latencies, 0.99));
+    s.add(format!("{broker} latency p99.9 ms"), percentile_ms(&latency.latencies, 0.999));
+    s.add(format!("{broker} duplicates"), (duplicates + latency.duplicates) as f64);
+}
+
+/// The `q` quantile of sorted `latencies`, in milliseconds.
+fn percentile_ms(latencies: &[Duration], q: f64) -> f64 {
+    let i = ((latencies.len() as f64 * q) as usize).min(latencies.len() - 1);
+    latencies[i].as_secs_f64() * 1e3
 }
 
 fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
@@ -283,7 +330,7 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
     println!("Medians of {runs} runs; ratios are computed within each run.\n");
     println!("| workload | result | target |");
     println!("|---|---:|---|");
-    let rows: Vec<(String, String, String)> = vec![
+    let mut rows: Vec<(String, String, String)> = vec![
         (
             "emit overhead: 8 producers, 1 UPDATE per tx, with/without one emit".into(),
             format!(
@@ -416,6 +463,61 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             target(m("memory peak MiB") <= 64.0, "≤ 64 MiB"),
         ),
     ];
+    for (broker, name) in [("nats", "NATS JetStream"), ("rabbitmq", "RabbitMQ")] {
+        let m = |what: &str| s.median(&format!("{broker} {what}"));
+        rows.push((
+            format!("forward {d} to {name}, 1 relay (defaults) vs bare client, window 16"),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("relay vs bare c16"),
+                m("relay c16 events/s"),
+                m("bare w16 events/s")
+            ),
+            target(m("relay vs bare c16") >= 0.8, "≥ 0.8x"),
+        ));
+        rows.push((
+            format!("option: forward {d} to {name}, concurrency 64 vs bare client, window 64"),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("relay vs bare c64"),
+                m("relay c64 events/s"),
+                m("bare w64 events/s")
+            ),
+            String::new(),
+        ));
+        for c in [16, 64] {
+            let m = |what: &str| s.median(&format!("{broker} relay c{c} {what}"));
+            rows.push((
+                format!("profile: the relay's batches to {name}, concurrency {c}"),
+                format!(
+                    "{:.1} messages every {:.2} ms, {:.2} ms of it publish to last confirmation",
+                    m("batch size"),
+                    m("batch interval ms"),
+                    m("confirm ms")
+                ),
+                String::new(),
+            ));
+        }
+        rows.push((
+            format!(
+                "commit-to-consumer latency via {name}, 1 relay (defaults), 4 producers at \
+                 2,000 events/s"
+            ),
+            format!(
+                "{:.0} events/s; p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms",
+                m("latency events/s"),
+                m("latency p50 ms"),
+                m("latency p99 ms"),
+                m("latency p99.9 ms")
+            ),
+            target(m("latency p99 ms") <= 20.0, "p99 ≤ 20 ms"),
+        ));
+        rows.push((
+            format!("messages beyond one per event at {name}, every forwarding workload of a run"),
+            format!("{:.0}", m("duplicates")),
+            target(m("duplicates") == 0.0, "0"),
+        ));
+    }
     // Rows of workloads that did not run (`--only`) have no figures.
     for (workload, result, target) in rows.into_iter().filter(|(_, r, _)| !r.contains("NaN")) {
         println!("| {workload} | {result} | {target} |");

@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_runtime::{EventContext, Relay};
+use outbox_runtime::{EventContext, Relay, RelayMetrics};
 use sqlx::PgPool;
-use tokio::sync::broadcast;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::events::{Credited, Posted};
@@ -37,66 +38,102 @@ pub struct Setup {
     pub ordered: bool,
 }
 
-/// Runs relays until `events` events are delivered.
-pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> Drained {
-    let calls = Calls::default();
-    let (stop, _) = broadcast::channel::<()>(1);
-    let mut running = Vec::new();
-    let mut metrics = Vec::new();
-    let started = Instant::now();
-    for _ in 0..setup.relays {
-        let builder = Relay::builder(pool.clone())
-            .state(calls.clone())
-            .concurrency(setup.concurrency)
-            .batch_size(setup.batch_size);
-        let builder = if setup.ordered {
-            builder.handler(noop::<Posted>)
-        } else {
-            builder.handler(noop::<Credited>)
-        };
-        let relay = builder.build().unwrap();
-        metrics.push(relay.metrics());
-        let mut stopped = stop.subscribe();
-        running.push(tokio::spawn(relay.run_until(async move {
-            let _ = stopped.recv().await;
-        })));
+/// A relay running in a task of its own until [`Running::stop`].
+pub struct Running {
+    metrics: RelayMetrics,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<outbox_runtime::RelayCounts, outbox_runtime::Error>>,
+}
+
+impl Running {
+    pub fn start<S: Clone + Send + Sync + 'static>(relay: Relay<S>) -> Running {
+        let metrics = relay.metrics();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        Running { metrics, stop, task }
     }
-    while metrics.iter().map(|m| m.counts().delivered).sum::<u64>() < events as u64 {
+
+    /// Events delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.metrics.counts().delivered
+    }
+
+    /// Stops the relay gracefully; panics if it failed.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Starts `relays` and runs them until together they delivered `events`; returns events/s
+/// from the start (the relays' start-up included) to the last delivery.
+pub async fn until_delivered<S: Clone + Send + Sync + 'static>(
+    relays: Vec<Relay<S>>,
+    events: usize,
+) -> f64 {
+    let started = Instant::now();
+    let running: Vec<Running> = relays.into_iter().map(Running::start).collect();
+    while running.iter().map(Running::delivered).sum::<u64>() < events as u64 {
+        if running.iter().any(|r| r.task.is_finished()) {
+            // A relay stopped early (a sink failing its start check): show why.
+            for relay in running {
+                relay.stop().await;
+            }
+            panic!("a relay stopped before delivering {events} events");
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let rate = events as f64 / started.elapsed().as_secs_f64();
-    let _ = stop.send(());
     for relay in running {
-        relay.await.unwrap().unwrap();
+        relay.stop().await;
     }
+    rate
+}
+
+/// Runs relays until `events` events are delivered.
+pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> Drained {
+    let calls = Calls::default();
+    let relays = (0..setup.relays)
+        .map(|_| {
+            let builder = Relay::builder(pool.clone())
+                .state(calls.clone())
+                .concurrency(setup.concurrency)
+                .batch_size(setup.batch_size);
+            let builder = if setup.ordered {
+                builder.handler(noop::<Posted>)
+            } else {
+                builder.handler(noop::<Credited>)
+            };
+            builder.build().unwrap()
+        })
+        .collect();
+    let rate = until_delivered(relays, events).await;
     Drained { events_per_second: rate, duplicates: calls.load(Ordering::Relaxed) - events as u64 }
 }
 
-/// Steady state: `producers` tasks each commit one event per transaction for `duration`
-/// while one relay delivers. Returns (delivered events/s, latencies from the end of each
-/// emitting commit, as the producer saw it, to the handler call).
-pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64, Vec<Duration>) {
-    type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
-    async fn timed(ctx: EventContext<Times>, _: Credited) -> Result<(), std::io::Error> {
-        ctx.state().lock().unwrap().insert(ctx.event_id(), Instant::now());
-        Ok(())
-    }
-    let handled: Times = Arc::default();
-    let relay = Relay::builder(pool.clone()).state(handled.clone()).handler(timed).build().unwrap();
-    let metrics = relay.metrics();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(relay.run_until(async {
-        let _ = stopped.await;
-    }));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
+/// `producers` tasks each commit one event per transaction for `duration`, as fast as they can
+/// or, with `rate`, at that many events per second together (each producer at its share, on a
+/// timer). Returns each event's id and the instant its COMMIT returned to the producer.
+pub async fn produce(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    rate: Option<f64>,
+) -> Vec<(Uuid, Instant)> {
     let until = Instant::now() + duration;
+    let period = rate.map(|rate| Duration::from_secs_f64(producers as f64 / rate));
     let producers: Vec<_> = (0..producers)
         .map(|p| {
             let pool = pool.clone();
             tokio::spawn(async move {
+                let mut ticks = period.map(tokio::time::interval);
                 let mut committed = Vec::new();
                 while Instant::now() < until {
+                    if let Some(ticks) = ticks.as_mut() {
+                        ticks.tick().await;
+                    }
                     let mut tx = pool.begin().await.unwrap();
                     let event = Credited { account: p as u32, cents: 1 };
                     let id = outbox_runtime::emit(&mut tx, &event).await.unwrap();
@@ -111,14 +148,37 @@ pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64
     for producer in producers {
         committed.extend(producer.await.unwrap());
     }
-    while metrics.counts().delivered < committed.len() as u64 {
+    committed
+}
+
+/// Latencies from each commit to its arrival (at a handler or a consumer), sorted. One can
+/// arrive before the producer's COMMIT returned: that counts as zero.
+pub fn latencies(committed: &[(Uuid, Instant)], arrived: &HashMap<Uuid, Instant>) -> Vec<Duration> {
+    let mut latencies: Vec<Duration> =
+        committed.iter().map(|(id, at)| arrived[id].saturating_duration_since(*at)).collect();
+    latencies.sort();
+    latencies
+}
+
+/// Steady state: `producers` tasks each commit one event per transaction for `duration`
+/// while one relay delivers. Returns (delivered events/s, latencies from the end of each
+/// emitting commit, as the producer saw it, to the handler call).
+pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64, Vec<Duration>) {
+    type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+    async fn timed(ctx: EventContext<Times>, _: Credited) -> Result<(), std::io::Error> {
+        ctx.state().lock().unwrap().insert(ctx.event_id(), Instant::now());
+        Ok(())
+    }
+    let handled: Times = Arc::default();
+    let relay = Relay::builder(pool.clone()).state(handled.clone()).handler(timed).build().unwrap();
+    let running = Running::start(relay);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let committed = produce(pool, producers, duration, None).await;
+    while running.delivered() < committed.len() as u64 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
-    let handled = handled.lock().unwrap();
-    // The relay can see a commit before the producer's COMMIT returns: that counts as zero.
-    let latencies =
-        committed.iter().map(|(id, at)| handled[id].saturating_duration_since(*at)).collect();
+    running.stop().await;
+    let latencies = latencies(&committed, &handled.lock().unwrap());
     (committed.len() as f64 / duration.as_secs_f64(), latencies)
 }
