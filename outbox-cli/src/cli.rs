@@ -112,9 +112,9 @@ pub struct ForwardArgs {
     #[arg(long, env = "OUTBOX_FORWARD_BATCH_SIZE", value_name = "N", default_value_t = 100)]
     pub batch_size: u32,
 
-    /// Messages in flight at once
-    #[arg(long, env = "OUTBOX_FORWARD_CONCURRENCY", value_name = "N", default_value_t = 64)]
-    pub concurrency: usize,
+    /// Messages in flight at once (default: the relay's for forwarding, 256)
+    #[arg(long, env = "OUTBOX_FORWARD_CONCURRENCY", value_name = "N")]
+    pub concurrency: Option<usize>,
 
     /// Refusals after which an event is dead
     #[arg(long, env = "OUTBOX_FORWARD_MAX_ATTEMPTS", value_name = "N", default_value_t = 10)]

@@ -27,13 +27,14 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
     if !args.event_type.is_empty() {
         forward = forward.only(args.event_type.clone());
     }
-    let relay = Relay::builder(pool.clone())
+    let mut builder = Relay::builder(pool.clone())
         .forward(forward)
         .batch_size(args.batch_size)
-        .concurrency(args.concurrency)
-        .max_attempts(args.max_attempts)
-        .build()
-        .map_err(|error| Failure::Forward(error.to_string()))?;
+        .max_attempts(args.max_attempts);
+    if let Some(concurrency) = args.concurrency {
+        builder = builder.concurrency(concurrency);
+    }
+    let relay = builder.build().map_err(|error| Failure::Forward(error.to_string()))?;
     let progress = tokio::spawn(report_progress(relay.metrics(), args.progress));
     let server = match args.metrics_addr {
         Some(address) => Some(tokio::spawn(serve_metrics(address, relay.metrics()).await?)),

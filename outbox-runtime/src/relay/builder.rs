@@ -14,6 +14,9 @@ use crate::relay::metrics::RelayMetrics;
 use crate::relay::{Plan, Relay, Routes};
 use crate::store::{LeasePlan, LeaseTypes};
 
+/// The default concurrency of a relay that forwards to a broker.
+const FORWARDING_CONCURRENCY: usize = 256;
+
 /// Builds a [`Relay`]; start with [`Relay::builder`].
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RelayBuilder<S = ()> {
@@ -21,6 +24,8 @@ pub struct RelayBuilder<S = ()> {
     state: S,
     handlers: Vec<Registered<S>>,
     forward: Option<Forward>,
+    /// Set by [`RelayBuilder::concurrency`]; the default depends on forwarding.
+    concurrency: Option<usize>,
     config: RelayConfig,
 }
 
@@ -84,6 +89,7 @@ impl Relay<()> {
             state: (),
             handlers: Vec::new(),
             forward: None,
+            concurrency: None,
             config: RelayConfig::default(),
         }
     }
@@ -109,6 +115,7 @@ impl RelayBuilder<()> {
             state,
             handlers,
             forward: self.forward,
+            concurrency: self.concurrency,
             config: self.config,
         }
     }
@@ -169,9 +176,10 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
-    /// Most handlers running at once. Default 16.
-    pub fn concurrency(mut self, handlers: usize) -> Self {
-        self.config.concurrency = handlers;
+    /// Most deliveries running at once. Default 16, or 256 for a relay that forwards: a
+    /// delivery to a broker mostly waits for its confirmation, which costs the relay nothing.
+    pub fn concurrency(mut self, deliveries: usize) -> Self {
+        self.concurrency = Some(deliveries);
         self
     }
 
@@ -259,7 +267,11 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
 
     /// Checks the handlers and settings and builds the relay.
     pub fn build(self) -> Result<Relay<S>, BuildError> {
-        let config = self.config;
+        let mut config = self.config;
+        config.concurrency = self.concurrency.unwrap_or(match self.forward {
+            Some(_) => FORWARDING_CONCURRENCY,
+            None => config.concurrency,
+        });
         if config.concurrency == 0 {
             return Err(BuildError::InvalidSetting("concurrency must be at least 1"));
         }
