@@ -3,14 +3,12 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_runtime::forward::{rabbitmq::RabbitSink, Forward};
 use outbox_runtime::{Backoff, Error, Relay};
 use sqlx::PgPool;
-use support::accounts::posted;
-use support::flaky::Flaky;
+use support::flaky::{assert_in_emit_order, forward_ordered_through_failures};
 use support::rabbitmq::{connect, Exchange};
 use support::*;
 use uuid::Uuid;
@@ -162,36 +160,9 @@ async fn a_closed_connection_stops_the_relay_at_start(pool: PgPool) {
 async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool: PgPool) {
     migrated(&pool).await;
     let exchange = Exchange::create().await;
-    const ACCOUNTS: u32 = 4;
-    const EVENTS: u32 = 25;
-    for n in 0..EVENTS {
-        let mut tx = pool.begin().await.unwrap();
-        for account in 0..ACCOUNTS {
-            outbox_runtime::emit(&mut tx, &posted(account, n)).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
-    let destination = format!("{}.{{aggregate_type}}.{{aggregate_id}}", exchange.prefix);
-    let flaky = Flaky { inner: exchange.sink().await, fail_percent: 30 };
-    let relay = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .forward(Forward::to(flaky).destination(&destination))
-            .max_attempts(1_000),
+    forward_ordered_through_failures(&pool, exchange.sink().await, &exchange.prefix).await;
+    let messages = exchange.messages().await;
+    assert_in_emit_order(
+        messages.into_iter().map(|m| (m.routing_key, m.payload["n"].as_u64().unwrap())),
     );
-    let total = i64::from(ACCOUNTS * EVENTS);
-    eventually("every event is published", || async { count_published(&pool).await == total })
-        .await;
-    let counts = relay.stop().await;
-    assert!(counts.failed > 0, "the sink refused some messages: {counts:?}");
-
-    let mut per_account: HashMap<String, Vec<u64>> = HashMap::new();
-    for message in exchange.messages().await {
-        let account = message.routing_key.rsplit('.').next().unwrap().to_owned();
-        per_account.entry(account).or_default().push(message.payload["n"].as_u64().unwrap());
-    }
-    assert_eq!(per_account.len(), ACCOUNTS as usize);
-    for (account, ns) in per_account {
-        let expected: Vec<u64> = (0..u64::from(EVENTS)).collect();
-        assert_eq!(ns, expected, "account {account}: each event once, in emit order");
-    }
 }

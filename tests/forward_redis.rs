@@ -9,8 +9,7 @@ use std::time::Duration;
 use outbox_runtime::forward::{redis::RedisSink, Forward};
 use outbox_runtime::{Backoff, Error, Relay};
 use sqlx::PgPool;
-use support::accounts::posted;
-use support::flaky::Flaky;
+use support::flaky::{assert_in_emit_order, forward_ordered_through_failures, ORDERED_ACCOUNTS};
 use support::redis::{Entry, Streams};
 use support::*;
 
@@ -140,41 +139,15 @@ async fn an_unreachable_server_stops_the_relay_at_start(pool: PgPool) {
 async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool: PgPool) {
     migrated(&pool).await;
     let streams = Streams::create().await;
-    const ACCOUNTS: u32 = 4;
-    const EVENTS: u32 = 25;
-    for n in 0..EVENTS {
-        let mut tx = pool.begin().await.unwrap();
-        for account in 0..ACCOUNTS {
-            outbox_runtime::emit(&mut tx, &posted(account, n)).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-    }
-    let destination = format!("{}.{{aggregate_type}}.{{aggregate_id}}", streams.prefix);
-    let flaky = Flaky { inner: streams.sink().await, fail_percent: 30 };
-    let relay = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .forward(Forward::to(flaky).destination(&destination))
-            .max_attempts(1_000),
-    );
-    let total = i64::from(ACCOUNTS * EVENTS);
-    eventually("every event is published", || async { count_published(&pool).await == total })
-        .await;
-    let counts = relay.stop().await;
-    assert!(counts.failed > 0, "the sink refused some messages: {counts:?}");
-
-    for account in 0..ACCOUNTS {
+    forward_ordered_through_failures(&pool, streams.sink().await, &streams.prefix).await;
+    let mut received = Vec::new();
+    for account in 0..ORDERED_ACCOUNTS {
         let key = format!("{}.account.{account}", streams.prefix);
-        let ns: Vec<u64> = streams
-            .entries(&key)
-            .await
-            .iter()
-            .map(|entry| {
-                let payload: serde_json::Value =
-                    serde_json::from_str(fields(entry)["payload"]).unwrap();
-                payload["n"].as_u64().unwrap()
-            })
-            .collect();
-        let expected: Vec<u64> = (0..u64::from(EVENTS)).collect();
-        assert_eq!(ns, expected, "account {account}: each event once, in emit order");
+        for entry in streams.entries(&key).await {
+            let payload: serde_json::Value =
+                serde_json::from_str(fields(&entry)["payload"]).unwrap();
+            received.push((key.clone(), payload["n"].as_u64().unwrap()));
+        }
     }
+    assert_in_emit_order(received);
 }
