@@ -531,12 +531,7 @@ async fn a_forwarder_killed_mid_batch_loses_nothing_and_jetstream_drops_the_repe
         ("FORWARD_PREFIX", &stream.prefix),
     ]);
     let (ids, held_at_kills) = kill_a_forwarder(&pool, &settings).await;
-    let received: Vec<Uuid> = stream
-        .messages()
-        .await
-        .iter()
-        .map(|(_, headers, _)| headers["Nats-Msg-Id"].parse().unwrap())
-        .collect();
+    let received: Vec<Uuid> = stream.message_ids().await;
     assert_at_least_once(&ids, &received, held_at_kills);
     assert_eq!(received.len(), ids.len(), "and each once");
 }

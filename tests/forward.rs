@@ -9,7 +9,10 @@ use std::time::Duration;
 use outbox_runtime::forward::{nats::NatsSink, Forward};
 use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay};
 use sqlx::PgPool;
-use support::flaky::{assert_in_emit_order, forward_ordered_through_failures};
+use support::forwarding::{
+    assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
+    forward_ordered_through_failures, forward_until_published, TRACEPARENT,
+};
 use support::nats::{Stream, NATS};
 use support::*;
 use uuid::Uuid;
@@ -23,21 +26,9 @@ fn forwarding(pool: &PgPool, stream: &Stream) -> outbox_runtime::RelayBuilder {
 async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool) {
     migrated(&pool).await;
     let stream = Stream::create(Duration::from_secs(120)).await;
-    let mut tx = pool.begin().await.unwrap();
-    let options = outbox_runtime::EmitOptions::new()
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-        .header("tenant", "acme");
-    let kept =
-        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
-    tx.commit().await.unwrap();
-    let mut rolled_back = pool.begin().await.unwrap();
-    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
-    rolled_back.rollback().await.unwrap();
+    let kept = emit_two_and_roll_back_one(&pool).await;
 
-    let relay = Running::start(forwarding(&pool, &stream));
-    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
-    let counts = relay.stop().await;
-    assert_eq!((counts.delivered, counts.failed), (2, 0));
+    forward_until_published(&pool, forwarding(&pool, &stream), 2).await;
 
     let messages = stream.messages().await;
     assert_eq!(messages.len(), 2, "each committed event once, the rolled-back one never");
@@ -48,10 +39,7 @@ async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool
         assert_eq!(headers["outbox-event-type"], "order.placed");
         assert_eq!(headers["outbox-aggregate-type"], "order");
         assert_eq!(headers["outbox-aggregate-id"], payload["order_id"].as_str().unwrap());
-        assert_eq!(
-            headers["traceparent"],
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        );
+        assert_eq!(headers["traceparent"], TRACEPARENT);
         assert_eq!(headers["tenant"], "acme");
         assert_eq!(headers["content-type"], "application/json");
         assert!(headers.contains_key("outbox-created-at"));
@@ -111,25 +99,8 @@ async fn a_repeated_publish_is_dropped_by_the_duplicate_window(pool: PgPool) {
 async fn a_subject_no_stream_covers_is_a_failure_naming_it_and_loses_nothing(pool: PgPool) {
     migrated(&pool).await;
     let stream = Stream::create(Duration::from_secs(120)).await;
-    let id = emit_committed(&pool, &[placed(1)]).await[0];
     let uncovered = format!("x{}.{{event_type}}", stream.prefix);
-    let forward = Forward::to(stream.sink()).destination(&uncovered);
-    let relay = Running::start(
-        Relay::builder(pool.clone())
-            .forward(forward)
-            .poll_interval(Duration::from_millis(50))
-            .backoff(Backoff {
-                base: Duration::from_secs(60),
-                cap: Duration::from_secs(60),
-                jitter: false,
-            }),
-    );
-    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
-        .await;
-    relay.stop().await;
-    let row = row_state(&pool, id).await;
-    assert!(!row.published && !row.dead, "still pending, to retry");
-    let error = row.last_error.unwrap();
+    let error = first_failure(&pool, Forward::to(stream.sink()).destination(&uncovered)).await;
     assert!(error.starts_with(&format!("x{}.order.placed: ", stream.prefix)), "{error}");
     assert!(stream.messages().await.is_empty());
 }

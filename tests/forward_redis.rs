@@ -7,9 +7,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_runtime::forward::{redis::RedisSink, Forward};
-use outbox_runtime::{Backoff, Error, Relay};
+use outbox_runtime::{Error, Relay};
 use sqlx::PgPool;
-use support::flaky::{assert_in_emit_order, forward_ordered_through_failures, ORDERED_ACCOUNTS};
+use support::forwarding::{
+    assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
+    forward_ordered_through_failures, forward_until_published, ORDERED_ACCOUNTS, TRACEPARENT,
+};
 use support::redis::{Entry, Streams};
 use support::*;
 
@@ -27,21 +30,9 @@ fn fields(entry: &Entry) -> HashMap<&str, &str> {
 async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool) {
     migrated(&pool).await;
     let streams = Streams::create().await;
-    let mut tx = pool.begin().await.unwrap();
-    let options = outbox_runtime::EmitOptions::new()
-        .header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-        .header("tenant", "acme");
-    let kept =
-        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
-    tx.commit().await.unwrap();
-    let mut rolled_back = pool.begin().await.unwrap();
-    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
-    rolled_back.rollback().await.unwrap();
+    let kept = emit_two_and_roll_back_one(&pool).await;
 
-    let relay = Running::start(forwarding(&pool, &streams).await);
-    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
-    let counts = relay.stop().await;
-    assert_eq!((counts.delivered, counts.failed), (2, 0));
+    forward_until_published(&pool, forwarding(&pool, &streams).await, 2).await;
 
     let key = format!("{}.order.order.placed", streams.prefix);
     assert_eq!(streams.keys().await, [key.as_str()], "one stream key per destination");
@@ -65,10 +56,7 @@ async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool
         assert_eq!(fields["h:outbox-event-type"], "order.placed");
         assert_eq!(fields["h:outbox-aggregate-type"], "order");
         assert_eq!(fields["h:outbox-aggregate-id"], fields["key"]);
-        assert_eq!(
-            fields["h:traceparent"],
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-        );
+        assert_eq!(fields["h:traceparent"], TRACEPARENT);
         assert_eq!(fields["h:tenant"], "acme");
         assert!(fields.contains_key("h:outbox-created-at"));
     }
@@ -89,25 +77,9 @@ async fn a_key_holding_another_type_is_a_failure_naming_it_and_loses_nothing(poo
         .query_async(&mut connection)
         .await
         .unwrap();
-    let id = emit_committed(&pool, &[placed(1)]).await[0];
     let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
-    let forward = Forward::to(streams.sink().await).destination(&destination);
-    let relay = Running::start(
-        Relay::builder(pool.clone())
-            .forward(forward)
-            .poll_interval(Duration::from_millis(50))
-            .backoff(Backoff {
-                base: Duration::from_secs(60),
-                cap: Duration::from_secs(60),
-                jitter: false,
-            }),
-    );
-    eventually("the failure is recorded", || async { row_state(&pool, id).await.attempts == 1 })
-        .await;
-    relay.stop().await;
-    let row = row_state(&pool, id).await;
-    assert!(!row.published && !row.dead, "still pending, to retry");
-    let error = row.last_error.unwrap();
+    let error =
+        first_failure(&pool, Forward::to(streams.sink().await).destination(&destination)).await;
     assert!(error.starts_with(&format!("{key}: ")), "{error}");
     assert!(error.contains("WRONGTYPE"), "{error}");
     let value: String = ::redis::cmd("GET").arg(&key).query_async(&mut connection).await.unwrap();

@@ -3,7 +3,7 @@
 
 pub mod accounts;
 mod db;
-pub mod flaky;
+pub mod forwarding;
 pub mod nats;
 pub mod proxy;
 pub mod rabbitmq;

@@ -59,6 +59,12 @@ impl Stream {
         }
         messages
     }
+
+    /// The `Nats-Msg-Id` (the event id) of every message in the stream, in stream order.
+    pub async fn message_ids(&self) -> Vec<Uuid> {
+        let messages = self.messages().await;
+        messages.iter().map(|(_, headers, _)| headers["Nats-Msg-Id"].parse().unwrap()).collect()
+    }
 }
 
 impl Drop for Stream {

@@ -1,5 +1,5 @@
-//! A real sink that refuses a share of the messages before they reach the broker, as a broker
-//! that drops connections or refuses messages would.
+//! What every broker's forwarding tests do alike: emit the standard events, forward them until
+//! published or until their first failure, and drive a sink that refuses a share of messages.
 
 use futures_util::future::BoxFuture;
 use outbox_runtime::forward::{OutboundMessage, Sink, SinkError};
@@ -88,4 +88,70 @@ pub fn assert_in_emit_order(received: impl IntoIterator<Item = (String, u64)>) {
     for (account, ns) in per_account {
         assert_eq!(ns, expected, "account {account}: each event once, in emit order");
     }
+}
+
+/// The `traceparent` header the standard events carry.
+pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// Emits two `order.placed` events (totals 1 and 2) with headers `traceparent` and
+/// `tenant: acme` in one committed transaction, and a third in one rolled back; returns the
+/// committed ids.
+pub async fn emit_two_and_roll_back_one(pool: &sqlx::PgPool) -> Vec<uuid::Uuid> {
+    use super::placed;
+
+    let mut tx = pool.begin().await.unwrap();
+    let options = outbox_runtime::EmitOptions::new()
+        .header("traceparent", TRACEPARENT)
+        .header("tenant", "acme");
+    let kept =
+        outbox_runtime::emit_all_with(&mut tx, &[placed(1), placed(2)], options).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut rolled_back = pool.begin().await.unwrap();
+    outbox_runtime::emit(&mut rolled_back, &placed(3)).await.unwrap();
+    rolled_back.rollback().await.unwrap();
+    kept
+}
+
+/// Runs `builder` until `events` rows are published; asserts it published them without a
+/// failure.
+pub async fn forward_until_published(
+    pool: &sqlx::PgPool,
+    builder: outbox_runtime::RelayBuilder,
+    events: i64,
+) {
+    use super::{count_published, eventually, Running};
+
+    let relay = Running::start(builder);
+    eventually("the events are published", || async { count_published(pool).await == events })
+        .await;
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (events as u64, 0));
+}
+
+/// Emits one event and forwards it with `forward` until its first failure is recorded (the
+/// retry is a minute away); asserts the row is kept pending and returns its `last_error`.
+pub async fn first_failure(
+    pool: &sqlx::PgPool,
+    forward: outbox_runtime::forward::Forward,
+) -> String {
+    use std::time::Duration;
+
+    use outbox_runtime::{Backoff, Relay};
+
+    use super::{emit_committed, eventually, placed, row_state, Running};
+
+    let id = emit_committed(pool, &[placed(1)]).await[0];
+    let minute = Duration::from_secs(60);
+    let relay = Running::start(
+        Relay::builder(pool.clone())
+            .forward(forward)
+            .poll_interval(Duration::from_millis(50))
+            .backoff(Backoff { base: minute, cap: minute, jitter: false }),
+    );
+    eventually("the failure is recorded", || async { row_state(pool, id).await.attempts == 1 })
+        .await;
+    relay.stop().await;
+    let row = row_state(pool, id).await;
+    assert!(!row.published && !row.dead, "still pending, to retry");
+    row.last_error.expect("the failure is kept")
 }
