@@ -223,9 +223,12 @@ impl Acker {
                 .collect()
         };
         // Rows this relay leased again meanwhile (their old lease had expired) are still ours,
-        // under the new token.
+        // under the new token: recorded already (the token changed), or about to be (a lease
+        // statement is under way). Tried again, under the token then recorded.
+        let leasing = self.held.is_leasing();
         still_leased.extend(missing_ids.iter().zip(&missing_tokens).filter_map(|(id, token)| {
-            self.held.token(*id).is_some_and(|current| current != *token).then_some(*id)
+            let leased_again = leasing || self.held.token(*id).is_some_and(|now| now != *token);
+            leased_again.then_some(*id)
         }));
         let lost = missing_ids.len() - still_leased.len();
         self.count_lost(lost, what);

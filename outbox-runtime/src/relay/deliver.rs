@@ -98,7 +98,10 @@ impl<S> Delivery<S> {
         .instrument(span.clone());
         // A lease that can no longer be vouched for cancels its delivery: past its deadline
         // another relay may take the row.
+        // A handler that finished as the deadline passed counts as finished: its outcome is
+        // acknowledged rather than its row handed back and delivered again.
         let result = tokio::select! {
+            biased;
             result = handling => result,
             () = lease.expired() => {
                 let _entered = span.enter();

@@ -13,6 +13,7 @@
 //! being delivered.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +34,8 @@ struct Shared {
     lease_timeout: Duration,
     /// Signalled whenever entries leave, so a relay holding its limit can lease again.
     settled: Notify,
+    /// Lease statements under way whose rows are not recorded yet (see [`Held::leasing`]).
+    leasing: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -51,7 +54,26 @@ struct Entry {
 
 impl Held {
     pub(crate) fn new(lease_timeout: Duration) -> Self {
-        Held(Arc::new(Shared { leases: Mutex::default(), lease_timeout, settled: Notify::new() }))
+        Held(Arc::new(Shared {
+            leases: Mutex::default(),
+            lease_timeout,
+            settled: Notify::new(),
+            leasing: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Marks a lease statement under way until the guard drops, after its rows are recorded.
+    /// Between the statement's commit and that, a held row this relay leased again has a new
+    /// token in the database but not here yet: an acknowledgement refused meanwhile must not
+    /// be taken for a lost lease (the row would be settled, then delivered a second time).
+    pub(crate) fn leasing(&self) -> Leasing {
+        self.0.leasing.fetch_add(1, SeqCst);
+        Leasing(self.clone())
+    }
+
+    /// Whether a lease statement is under way (see [`Held::leasing`]).
+    pub(crate) fn is_leasing(&self) -> bool {
+        self.0.leasing.load(SeqCst) > 0
     }
 
     /// Records a lease whose statement was sent at `sent_at`. Returns the lease to deliver
@@ -141,6 +163,15 @@ impl Held {
     fn lock(&self) -> MutexGuard<'_, HashMap<Uuid, Entry>> {
         // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
         self.0.leases.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A lease statement under way; see [`Held::leasing`].
+pub(crate) struct Leasing(Held);
+
+impl Drop for Leasing {
+    fn drop(&mut self) {
+        self.0 .0.leasing.fetch_sub(1, SeqCst);
     }
 }
 

@@ -118,6 +118,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         let config = &relay.config;
         let limit =
             self.pace.lease_limit(config.concurrency, config.lease_timeout / 3, config.batch_size);
+        let _leasing = self.held.leasing(); // until its rows are recorded below
         let sent_at = Instant::now();
         let rows = store::lease(pool, &relay.plan.lease, i64::from(limit)).await?;
         relay.metrics.database_reached();
