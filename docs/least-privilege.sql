@@ -70,7 +70,7 @@ GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay;
 
 -- The application: insert events, and read the three columns emit's statements need.
 GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, headers,
-              available_at, ordered, idempotency_key)
+              available_at, ordered, idempotency_key, event_version)
     ON outbox.events TO outbox_app;
 GRANT SELECT (event_id, aggregate_type, idempotency_key) ON outbox.events TO outbox_app;
 

@@ -7,26 +7,12 @@
 
 use std::time::Duration;
 
-use outbox_runtime::{emit, EventContext, OutboxEvent, Relay};
-use serde::{Deserialize, Serialize};
+mod shop;
+
+use outbox_runtime::{emit, EventContext, Relay};
+use shop::{OrderCancelled, OrderPlaced};
 use tokio::sync::mpsc;
 use uuid::Uuid;
-
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "order", event_type = "order.placed", ordered)]
-struct OrderPlaced {
-    #[outbox(id)]
-    order_id: Uuid,
-    total_cents: i64,
-}
-
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "order", event_type = "order.cancelled", ordered)]
-struct OrderCancelled {
-    #[outbox(id)]
-    order_id: Uuid,
-    reason: String,
-}
 
 /// What the handlers share: here, a channel to report deliveries to `main`.
 #[derive(Clone)]

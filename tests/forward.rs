@@ -42,6 +42,7 @@ async fn committed_events_arrive_once_with_their_id_key_and_headers(pool: PgPool
         assert_eq!(headers["traceparent"], TRACEPARENT);
         assert_eq!(headers["tenant"], "acme");
         assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["outbox-event-version"], "1");
         assert!(headers.contains_key("outbox-created-at"));
     }
     let totals: Vec<i64> =
@@ -66,6 +67,7 @@ async fn cloudevents_names_the_row_headers_as_binary_mode_does(pool: PgPool) {
     assert_eq!(headers["ce-type"], "order.placed");
     assert_eq!(headers["ce-source"], "/order");
     assert_eq!(headers["ce-specversion"], "1.0");
+    assert_eq!(headers["ce-eventversion"], "1");
     assert!(headers.contains_key("ce-subject") && headers.contains_key("ce-time"));
     assert!(!headers.contains_key("outbox-event-id"));
 }

@@ -109,18 +109,18 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         Statement {
             name: "lease",
             sql: hooks::LEASE,
-            parameters: "bigint, uuid, bigint, int, bool, text[], text[]",
-            first: format!("{lease_args}, '{{order}}', '{{order.placed}}'"),
-            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}'"),
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
             touches: 100,
             local: None,
         },
         Statement {
             name: "lease_any",
             sql: hooks::LEASE_ANY,
-            parameters: "bigint, uuid, bigint, int, bool",
-            first: lease_args.to_owned(),
-            measured: lease_args.to_owned(),
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
             touches: 100,
             local: None,
         },
@@ -243,11 +243,11 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
 
 /// The relay's default lease of up to 100 `order.placed` rows, once prepared as `lease`.
 const LEASE: &str =
-    "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}')";
+    "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', '{1}')";
 
 async fn prepare_lease(conn: &mut sqlx::PgConnection) {
     sqlx::query(&format!(
-        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[]) AS {}",
+        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[], int[]) AS {}",
         hooks::LEASE
     ))
     .execute(conn)

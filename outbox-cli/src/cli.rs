@@ -38,13 +38,15 @@ pub enum Command {
     /// JSON: {"migrated": true}
     Migrate,
 
-    /// Pending and dead events, the relay's lag, and the same per event type
+    /// Pending and dead events, the relay's lag, and the same per event type and version
     ///
-    /// The lag is the age of the oldest pending event.
+    /// The lag is the age of the oldest pending event. Rows of a version newer than the
+    /// relays read wait under their own version.
     ///
     /// JSON: {"pending": int, "dead": int, "oldest_pending_age_secs": number|null,
-    ///        "by_type": [{"aggregate_type": str, "event_type": str, "pending": int,
-    ///                     "dead": int, "oldest_pending_age_secs": number|null}]}
+    ///        "by_type": [{"aggregate_type": str, "event_type": str, "version": int,
+    ///                     "pending": int, "dead": int,
+    ///                     "oldest_pending_age_secs": number|null}]}
     #[command(verbatim_doc_comment)]
     Status,
 

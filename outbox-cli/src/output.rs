@@ -46,6 +46,7 @@ fn type_json(stats: &TypeStats) -> Value {
     json!({
         "aggregate_type": stats.aggregate_type,
         "event_type": stats.event_type,
+        "version": stats.version,
         "pending": stats.pending,
         "dead": stats.dead,
         "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
@@ -99,12 +100,13 @@ fn status(stats: &OutboxStats, by_type: &[TypeStats]) -> String {
     out.row(["lag".into(), lag(stats.oldest_pending_age)]);
     let mut text = out.render();
     if !by_type.is_empty() {
-        let headers = ["AGGREGATE TYPE", "EVENT TYPE", "PENDING", "DEAD", "LAG"];
-        let mut table = Table::new(&headers, &[false, false, true, true, true]);
+        let headers = ["AGGREGATE TYPE", "EVENT TYPE", "VERSION", "PENDING", "DEAD", "LAG"];
+        let mut table = Table::new(&headers, &[false, false, true, true, true, true]);
         for stats in by_type {
             table.row([
                 stats.aggregate_type.clone(),
                 stats.event_type.clone(),
+                stats.version.to_string(),
                 stats.pending.to_string(),
                 stats.dead.to_string(),
                 lag(stats.oldest_pending_age),

@@ -145,6 +145,11 @@ async fn status_matches_the_database(pool: PgPool) {
     emit(&mut tx, &OrderPlaced { order_id: 2 }).await.unwrap();
     emit(&mut tx, &UserCreated { user_id: 1 }).await.unwrap();
     tx.commit().await.unwrap();
+    // A newer producer wrote the user event at version 2: it is counted apart.
+    sqlx::query("UPDATE outbox.events SET event_version = 2 WHERE event_type = 'user.created'")
+        .execute(&pool)
+        .await
+        .unwrap();
     // The oldest pending event, emitted an hour and a half ago.
     sqlx::query("UPDATE outbox.events SET created_at = now() - interval '90 minutes' WHERE aggregate_id = '2'")
         .execute(&pool)
@@ -162,7 +167,7 @@ async fn status_matches_the_database(pool: PgPool) {
     assert_eq!(report["dead"], dead_rows);
     let lag = report["oldest_pending_age_secs"].as_f64().unwrap();
     assert!((5_400.0..5_500.0).contains(&lag), "{lag}");
-    let by_type: Vec<(&str, &str, i64, i64, bool)> = report["by_type"]
+    let by_type: Vec<(&str, &str, u64, i64, i64, bool)> = report["by_type"]
         .as_array()
         .unwrap()
         .iter()
@@ -170,6 +175,7 @@ async fn status_matches_the_database(pool: PgPool) {
             (
                 t["aggregate_type"].as_str().unwrap(),
                 t["event_type"].as_str().unwrap(),
+                t["version"].as_u64().unwrap(),
                 t["pending"].as_i64().unwrap(),
                 t["dead"].as_i64().unwrap(),
                 t["oldest_pending_age_secs"].is_number(),
@@ -179,9 +185,9 @@ async fn status_matches_the_database(pool: PgPool) {
     assert_eq!(
         by_type,
         [
-            ("order", "order.placed", 2, 1, true),
-            ("payment", "payment.failed", 0, 1, false),
-            ("user", "user.created", 1, 0, true),
+            ("order", "order.placed", 1, 2, 1, true),
+            ("payment", "payment.failed", 1, 0, 1, false),
+            ("user", "user.created", 2, 1, 0, true),
         ]
     );
 
@@ -191,10 +197,13 @@ async fn status_matches_the_database(pool: PgPool) {
     assert_eq!(field(&text, "lag"), "1h 30m");
     let table: Vec<Vec<&str>> =
         text.lines().skip(4).map(|line| line.split_whitespace().collect()).collect();
-    assert_eq!(table[0], ["AGGREGATE", "TYPE", "EVENT", "TYPE", "PENDING", "DEAD", "LAG"]);
-    assert_eq!(table[1], ["order", "order.placed", "2", "1", "1h", "30m"]);
-    assert_eq!(table[2], ["payment", "payment.failed", "0", "1", "-"]);
-    assert_eq!(table[3][..4], ["user", "user.created", "1", "0"]);
+    assert_eq!(
+        table[0],
+        ["AGGREGATE", "TYPE", "EVENT", "TYPE", "VERSION", "PENDING", "DEAD", "LAG"]
+    );
+    assert_eq!(table[1], ["order", "order.placed", "1", "2", "1", "1h", "30m"]);
+    assert_eq!(table[2], ["payment", "payment.failed", "1", "0", "1", "-"]);
+    assert_eq!(table[3][..5], ["user", "user.created", "2", "1", "0"]);
     // Columns line up: every row's second column starts where its header does.
     let lines: Vec<&str> = text.lines().skip(4).collect();
     let column = lines[0].find("EVENT TYPE").unwrap();

@@ -1,15 +1,28 @@
-//! Code generation for a checked [`Event`]. Never reports user-facing errors: `valid` did.
+//! Code generation for a checked [`Event`]. Never reports user-facing errors: `valid` did. What
+//! the derive cannot see (another type's event type, a conversion) is checked by generated
+//! constants and calls, spanned at the user's tokens so rustc points there.
 
-use proc_macro2::{Group, Span, TokenStream, TokenTree};
+mod chain;
+mod family;
+
+use proc_macro2::{Group, Literal, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
-use syn::{GenericParam, Generics, Type, WherePredicate};
+use syn::{GenericParam, Generics, LitStr, Type, WherePredicate};
 
-use crate::valid::Event;
+use crate::valid::{Event, Kind, Struct};
 
 pub fn expand(event: &Event) -> TokenStream {
-    let Event { ident, generics, aggregate, event_type, id, krate, ordered } = event;
+    match &event.kind {
+        Kind::Struct(event_struct) => expand_struct(event, event_struct),
+        Kind::Family(variants) => family::expand(event, variants),
+    }
+}
+
+fn expand_struct(event: &Event, event_struct: &Struct) -> TokenStream {
+    let Event { ident, generics, aggregate, krate, ordered, .. } = event;
+    let Struct { event_type, version, upcast_from, id } = event_struct;
     let krate = runtime_path(*krate);
-    let (impl_generics, ty_generics, _) = generics.split_for_impl();
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let user_bounds = user_bounds(generics);
     let display_bound = display_bound(id.ty);
     // A concrete type's serde impls are checked by the trait's supertraits, at the impl's self
@@ -23,6 +36,16 @@ pub fn expand(event: &Event) -> TokenStream {
         }
     });
     let member = id.ident;
+    let version_lit = Literal::u32_unsuffixed(*version);
+    let oldest = match upcast_from {
+        Some(previous) => chain::oldest(&krate, previous),
+        None => version_lit.to_token_stream(),
+    };
+    let read = upcast_from.map(|previous| chain::read(&krate, previous, *version));
+    let checks = upcast_from.map(|previous| chain::checks(&krate, event, event_struct, previous));
+    let event_type_doc =
+        format!(" The event type this struct is stored as: `{:?}`.", event_type.value());
+    let version_doc = format!(" The version of the payload this struct writes: {version}.");
 
     quote! {
         const _: () = {
@@ -34,15 +57,29 @@ pub fn expand(event: &Event) -> TokenStream {
                 #display_bound
             {
                 const AGGREGATE_TYPE: &'static str = #aggregate;
-                const EVENT_TYPE: &'static str = #event_type;
-                const ORDERED: bool = #ordered;
+                const EVENT_TYPES: &'static [#krate::__private::EventType] = &[
+                    #krate::__private::EventType::new(#event_type, #version_lit, #oldest, #ordered),
+                ];
 
                 #[inline]
                 fn aggregate_id(&self) -> ::std::string::String {
                     #krate::__private::aggregate_id(&self.#member)
                 }
+
+                #read
+            }
+
+            // Kept from before event families, so `OrderPlaced::EVENT_TYPE` reads as it did.
+            #[automatically_derived]
+            impl #impl_generics #ident #ty_generics #where_clause {
+                #[doc = #event_type_doc]
+                pub const EVENT_TYPE: &'static str = #event_type;
+                #[doc = #version_doc]
+                pub const VERSION: u32 = #version_lit;
             }
         };
+
+        #checks
     }
 }
 
@@ -70,8 +107,40 @@ fn display_bound(ty: &Type) -> TokenStream {
     quote!(#ty: #head #tail)
 }
 
+/// Where a generated check about one of the user's types is reported: every token at the type's
+/// first token, except the last token of the expression rustc points at, at the type's last. A
+/// span from first to last makes rustc underline the whole type, `v1::OrderPlaced` included.
+#[derive(Clone, Copy)]
+struct At {
+    first: Span,
+    last: Span,
+}
+
+impl At {
+    fn of(tokens: impl ToTokens) -> Self {
+        let mut tokens = tokens.into_token_stream().into_iter();
+        let first = tokens.next().map_or_else(Span::call_site, |tt| tt.span());
+        let last = tokens.last().map_or(first, |tt| tt.span());
+        At { first, last }
+    }
+}
+
+/// A constant that fails to compile with `message` when `condition` holds, reported at `at`.
+fn fails_if(at: At, condition: TokenStream, message: &str) -> TokenStream {
+    // A const panic takes a literal; braces in it would be format arguments.
+    let message = LitStr::new(&message.replace('{', "{{").replace('}', "}}"), at.first);
+    let panic = quote_spanned!(at.first=> ::core::panic!);
+    let args = quote_spanned!(at.last=> (#message));
+    quote_spanned! {at.first=>
+        const _: () = if #condition {
+            #panic #args
+        };
+    }
+}
+
 /// `tokens` with every span set to `span`. Used only on the crate path, whose resolution does not
-/// change: both the default path and the user's `crate = "..."` resolve at the call site.
+/// change: both the default path and the user's `crate = "..."` resolve at the call site. A path
+/// that starts at the user's token is reported there.
 fn respan(tokens: TokenStream, span: Span) -> TokenStream {
     tokens
         .into_iter()
@@ -125,6 +194,26 @@ mod tests {
         assert!(ok.contains("my_outbox :: __private :: serde :: Serialize"), "{ok}");
         assert!(!ok.contains("outbox_runtime"), "{ok}");
 
+        let chain = derive(parse_quote! {
+            #[outbox(crate = "my_outbox", aggregate = "order", event_type = "order.placed")]
+            #[outbox(version = 2, upcast_from = OrderPlacedV1)]
+            struct OrderPlaced { #[outbox(id)] order_id: u64 }
+        });
+        assert!(chain.contains("my_outbox :: __private :: assert_upcast"), "{chain}");
+        assert!(!chain.contains("outbox_runtime"), "{chain}");
+
+        let family = derive(parse_quote! {
+            #[outbox(crate = "my_outbox", aggregate = "order")]
+            enum OrderEvent {
+                #[outbox(event_type = "order.placed")]
+                Placed(OrderPlaced),
+                #[outbox(event_type = "order.cancelled")]
+                Cancelled { #[outbox(id)] order_id: u64 },
+            }
+        });
+        assert!(family.contains("my_outbox :: __private :: variant_payload"), "{family}");
+        assert!(!family.contains("outbox_runtime"), "{family}");
+
         let stub = derive(parse_quote! {
             #[outbox(crate = "my_outbox", aggregate = "order")]
             struct OrderPlaced { #[outbox(id)] order_id: u64 }
@@ -158,6 +247,29 @@ mod tests {
     }
 
     #[test]
+    fn a_struct_keeps_its_inherent_constants() {
+        let out = derive(parse_quote! {
+            #[outbox(aggregate = "order", event_type = "order.placed")]
+            struct OrderPlaced<T: Clone> where T: Copy { #[outbox(id)] order_id: u64, detail: T }
+        });
+        assert!(out.contains("impl < T : Clone > OrderPlaced < T > where T : Copy {"), "{out}");
+        assert!(out.contains(r#"pub const EVENT_TYPE : & 'static str = "order.placed""#), "{out}");
+        assert!(out.contains("pub const VERSION : u32 = 1"), "{out}");
+        assert!(out.contains(r#"EventType :: new ("order.placed" , 1 , 1 , false)"#), "{out}");
+
+        // Also in the stub, so `OrderPlaced::EVENT_TYPE` does not add an error.
+        let stub = derive(parse_quote! {
+            #[outbox(aggregate = "order")]
+            struct OrderPlaced { #[outbox(id)] order_id: u64 }
+        });
+        assert!(stub.contains("compile_error"), "{stub}");
+        assert!(stub.contains(r#"pub const EVENT_TYPE : & 'static str = """#), "{stub}");
+        assert!(stub.contains(
+            "const EVENT_TYPES : & 'static [:: outbox_runtime :: __private :: EventType] = & []"
+        ));
+    }
+
+    #[test]
     fn stub_asserts_nothing() {
         let out = derive(parse_quote! {
             enum OrderChanged { Placed }
@@ -170,5 +282,7 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("Display"), "{out}");
+        // A family's stub has no inherent constants.
+        assert!(!out.contains("pub const"), "{out}");
     }
 }

@@ -4,7 +4,7 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::ast::Input;
+use crate::ast::{Data, Input};
 use crate::attr::Value;
 use crate::expand::{runtime_path, user_bounds};
 
@@ -20,6 +20,7 @@ pub fn expand(input: &Input, errors: &syn::Error) -> TokenStream {
 /// An impl with placeholder items. Its bounds are higher-ranked so that rustc takes them as
 /// given instead of checking them: a type that is not (yet) serde, or whose id does not display,
 /// gets no error from the stub. Without a usable crate path there is nothing to name the trait by.
+/// A struct also gets its inherent constants, so `OrderPlaced::EVENT_TYPE` resolves.
 fn stub(input: &Input) -> Option<TokenStream> {
     let krate = match &input.attrs.krate {
         Value::Absent => runtime_path(None),
@@ -27,8 +28,20 @@ fn stub(input: &Input) -> Option<TokenStream> {
         Value::Invalid => return None,
     };
     let ident = input.ident;
-    let (impl_generics, ty_generics, _) = input.generics.split_for_impl();
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     let user_bounds = user_bounds(input.generics);
+    let inherent = match input.data {
+        Data::Enum(..) => None,
+        Data::Named(_) | Data::Tuple(_) | Data::Unit | Data::Union(_) => Some(quote! {
+            #[automatically_derived]
+            impl #impl_generics #ident #ty_generics #where_clause {
+                #[doc = " The event type (not derived: see the errors)."]
+                pub const EVENT_TYPE: &'static str = "";
+                #[doc = " The version (not derived: see the errors)."]
+                pub const VERSION: u32 = 1;
+            }
+        }),
+    };
     Some(quote! {
         const _: () = {
             #[automatically_derived]
@@ -39,12 +52,14 @@ fn stub(input: &Input) -> Option<TokenStream> {
                 Self: for<'__de> #krate::__private::serde::Deserialize<'__de>,
             {
                 const AGGREGATE_TYPE: &'static str = "";
-                const EVENT_TYPE: &'static str = "";
+                const EVENT_TYPES: &'static [#krate::__private::EventType] = &[];
 
                 fn aggregate_id(&self) -> ::std::string::String {
                     ::core::unimplemented!()
                 }
             }
+
+            #inherent
         };
     })
 }

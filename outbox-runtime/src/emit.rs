@@ -57,8 +57,9 @@ pub async fn emit_with<E: OutboxEvent>(
     ids.into_iter().next().ok_or(Error::Database(sqlx::Error::RowNotFound))
 }
 
-/// Writes many events of one type in a single statement, in iteration order; returns their ids
-/// in the same order.
+/// Writes many events of one Rust type (of one aggregate type, and of several event types for
+/// an enum family) in a single statement, in iteration order; returns their ids in the same
+/// order.
 pub async fn emit_all<'e, E: OutboxEvent + 'e>(
     tx: &mut Transaction<'_, Postgres>,
     events: impl IntoIterator<Item = &'e E>,
@@ -74,31 +75,35 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     events: impl IntoIterator<Item = &'e E>,
     options: EmitOptions,
 ) -> Result<Vec<Uuid>, Error> {
-    let invalid = |reason| Error::InvalidEvent { event_type: E::EVENT_TYPE, reason };
-    let headers = json::to_json(&options.headers, "a header").map_err(invalid)?;
-    if options.idempotency_key.as_deref().is_some_and(|key| key.contains('\0')) {
-        return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
-    }
-
+    let mut headers = None;
     let mut rows = store::NewEvents::default();
     for event in events {
+        let event_type = event.event_type();
+        let invalid = |reason| Error::InvalidEvent { event_type: event_type.name(), reason };
+        // Checked with the first event, so an error names an event type.
+        if headers.is_none() {
+            headers = Some(json::to_json(&options.headers, "a header").map_err(invalid)?);
+            if options.idempotency_key.as_deref().is_some_and(|key| key.contains('\0')) {
+                return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
+            }
+        }
         let aggregate_id = event.aggregate_id();
         if aggregate_id.contains('\0') {
             return Err(invalid(InvalidEvent::NulCharacter("the aggregate id")));
         }
-        let payload = json::to_json(event, "the payload").map_err(invalid)?;
-        rows.push(Uuid::now_v7(), aggregate_id, payload);
+        let payload = event.__payload().map_err(invalid)?;
+        rows.push(Uuid::now_v7(), event_type, aggregate_id, payload);
     }
-    match (rows.len(), &options.idempotency_key) {
-        (0, _) => return Ok(Vec::new()),
-        (1, _) | (_, None) => {}
-        (_, Some(_)) => return Err(invalid(InvalidEvent::KeyedBatch)),
+    let Some(headers) = headers else {
+        return Ok(Vec::new());
+    };
+    if rows.len() > 1 && options.idempotency_key.is_some() {
+        let event_type = E::EVENT_TYPES[0].name();
+        return Err(Error::InvalidEvent { event_type, reason: InvalidEvent::KeyedBatch });
     }
 
     let shared = store::InsertShared {
         aggregate_type: E::AGGREGATE_TYPE,
-        event_type: E::EVENT_TYPE,
-        ordered: E::ORDERED,
         headers: &headers,
         available: options.available,
         idempotency_key: options.idempotency_key.as_deref(),

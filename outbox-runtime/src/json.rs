@@ -23,6 +23,51 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
     value: &T,
     what: &'static str,
 ) -> Result<String, InvalidEvent> {
+    to_json_within(value, what, 0)
+}
+
+/// The payload of an enum family's value: its variant's content, as [`to_json`] checks it.
+/// Serde writes an enum value `{"Variant":content}` (the derive refuses other representations);
+/// the content is cut out of that text rather than serialized again.
+pub(crate) fn untagged<T: Serialize + ?Sized>(value: &T) -> Result<String, InvalidEvent> {
+    let json = to_json_within(value, "the payload", 1)?;
+    let content = json
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .and_then(|inner| Some(&inner[string_end(inner)?..]))
+        .and_then(|rest| rest.strip_prefix(':'));
+    match content {
+        Some(content) => Ok(content.to_owned()),
+        None => Err(InvalidEvent::Serialize(ser::Error::custom(
+            "an enum family must serialize as serde's default, externally tagged enum",
+        ))),
+    }
+}
+
+/// The end of the JSON string `text` starts with, just past its closing quote.
+fn string_end(text: &str) -> Option<usize> {
+    let mut chars = text.char_indices();
+    if chars.next()?.1 != '"' {
+        return None;
+    }
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next()?;
+            }
+            '"' => return Some(at + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// [`to_json`] of a value that sits `wrapping` levels deep in what is serialized.
+fn to_json_within<T: Serialize + ?Sized>(
+    value: &T,
+    what: &'static str,
+    wrapping: usize,
+) -> Result<String, InvalidEvent> {
     // The formatter counts the depth as it writes each bracket: no pass of its own over the
     // value or the text, and the text is exactly what `serde_json::to_string` writes. The price
     // is checking below that the bytes are UTF-8, which `to_string` skips with `unsafe` (this
@@ -36,8 +81,9 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
     value
         .serialize(&mut serde_json::Serializer::with_formatter(&mut bytes, formatter))
         .map_err(InvalidEvent::Serialize)?;
-    if max_depth > MAX_DEPTH {
-        return Err(InvalidEvent::TooDeep { what, depth: max_depth, limit: MAX_DEPTH });
+    let depth = max_depth.saturating_sub(wrapping);
+    if depth > MAX_DEPTH {
+        return Err(InvalidEvent::TooDeep { what, depth, limit: MAX_DEPTH });
     }
     // Cannot fail: `serde_json` writes only UTF-8.
     let json = String::from_utf8(bytes)
@@ -383,5 +429,37 @@ mod tests {
         assert_eq!(text_depth(r#"{"a": [1, {"b": "[[[{{"}], "c": []}"#), 3);
         assert_eq!(text_depth(r#"["\"[", "\\", []]"#), 2);
         assert_eq!(text_depth("42"), 0);
+    }
+
+    #[derive(serde::Serialize)]
+    enum Family {
+        Placed(BTreeMap<&'static str, u32>),
+        #[serde(rename = "a\"b\\")]
+        Cancelled {
+            why: &'static str,
+        },
+    }
+
+    #[test]
+    fn untagged_cuts_the_variant_content_out() {
+        let placed = Family::Placed(BTreeMap::from([("qty", 2)]));
+        assert_eq!(untagged(&placed).unwrap(), r#"{"qty":2}"#);
+        // A name with escaped quotes and backslashes does not end the tag early.
+        let cancelled = Family::Cancelled { why: "late\"}" };
+        assert_eq!(untagged(&cancelled).unwrap(), r#"{"why":"late\"}"}"#);
+        assert!(untagged(&7).is_err());
+        assert!(untagged("text").is_err());
+    }
+
+    #[test]
+    fn untagged_counts_depth_from_the_content() {
+        let mut nested = serde_json::json!(1);
+        for _ in 0..MAX_DEPTH {
+            nested = serde_json::json!([nested]);
+        }
+        let deepest = serde_json::json!({ "Placed": nested });
+        assert_eq!(untagged(&deepest).unwrap(), nested.to_string());
+        let too_deep = serde_json::json!({ "Placed": [nested] });
+        assert!(matches!(untagged(&too_deep), Err(InvalidEvent::TooDeep { depth: 128, .. })));
     }
 }

@@ -24,18 +24,22 @@ mod json;
 mod migrate;
 mod relay;
 mod retention;
+#[cfg(feature = "schemars")]
+mod schema;
 mod stats;
 mod store;
 
 pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
 pub use error::{BoxError, Error, InvalidEvent};
-pub use event::OutboxEvent;
+pub use event::{EventType, OutboxEvent};
 pub use migrate::{migrate, with_outbox_migrations};
 pub use relay::{
-    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, Relay,
-    RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,
+    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, NewerVersions,
+    Relay, RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,
 };
 pub use retention::purge_published;
+#[cfg(feature = "schemars")]
+pub use schema::{event_schemas, EventSchema};
 pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};
 
 /// Derives [`OutboxEvent`] for a serde struct; see the trait for the attributes.

@@ -39,7 +39,7 @@ impl OutboxStats {
     }
 }
 
-/// [`OutboxStats`] of one `(aggregate_type, event_type)`.
+/// [`OutboxStats`] of one `(aggregate_type, event_type)` at one version.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TypeStats {
@@ -47,6 +47,9 @@ pub struct TypeStats {
     pub aggregate_type: String,
     /// The event type.
     pub event_type: String,
+    /// The version its events were written at: a relay leaves rows newer than its handler's
+    /// type reads (see [`NewerVersions`](crate::NewerVersions)), and they wait here.
+    pub version: u32,
     /// Its pending events.
     pub pending: i64,
     /// Its dead events.
@@ -55,14 +58,15 @@ pub struct TypeStats {
     pub oldest_pending_age: Option<Duration>,
 }
 
-/// [`OutboxStats`] per event type, for the types that have pending or dead events.
+/// [`OutboxStats`] per event type and version, for those that have pending or dead events.
 pub async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeStats>, Error> {
     let rows = store::stats_by_type(pool).await?;
     Ok(rows
         .into_iter()
-        .map(|(aggregate_type, event_type, pending, dead, age)| TypeStats {
+        .map(|(aggregate_type, event_type, version, pending, dead, age)| TypeStats {
             aggregate_type,
             event_type,
+            version: u32::try_from(version).unwrap_or(1),
             pending,
             dead,
             oldest_pending_age: age.map(seconds),

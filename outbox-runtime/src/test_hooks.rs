@@ -6,11 +6,11 @@
 pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
 
 /// The relay's default lease statement. Parameters: `$1` limit, `$2` token, `$3` lease micros,
-/// `$4` most expired leases, `$5` skip dead ordered events, `$6`/`$7` handled aggregate and
-/// event types.
+/// `$4` most expired leases, `$5` skip dead ordered events, `$6` to `$8` handled aggregate
+/// types, event types and the newest version read of each.
 pub const LEASE: &str = crate::store::LEASE_HANDLED;
-/// The lease of a relay that takes every event type (`UnknownEvents::Fail`): `$1` to `$5` as
-/// [`LEASE`].
+/// The lease of a relay that takes every event type (`UnknownEvents::Fail`): parameters as
+/// [`LEASE`], `$6` to `$8` capping the versions of the types listed.
 pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
@@ -35,7 +35,7 @@ pub mod steps {
     use sqlx::PgPool;
     use uuid::Uuid;
 
-    use crate::store::{self, Failures, LeasePlan, LeaseTypes};
+    use crate::store::{self, Failures, LeasePlan, LeaseTypes, TypeVersions};
 
     /// A leased row: `(event id, token, attempts, expired leases, died on expiry)`.
     pub type Leased = (Uuid, Uuid, i32, i32, bool);
@@ -50,10 +50,12 @@ pub mod steps {
         max_expired_leases: i32,
         skip_dead_ordered: bool,
     ) -> Result<Vec<Leased>, sqlx::Error> {
-        let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
-            types.iter().map(|&(a, e)| (a.to_owned(), e.to_owned())).unzip();
+        let mut versions = TypeVersions::default();
+        for &(aggregate_type, event_type) in types {
+            versions.push(aggregate_type, event_type, i32::MAX);
+        }
         let plan = LeasePlan {
-            types: LeaseTypes::Only { aggregate_types, event_types },
+            types: LeaseTypes::Only(versions),
             lease_timeout,
             max_expired_leases,
             skip_dead_ordered,

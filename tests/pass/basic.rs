@@ -11,7 +11,11 @@ struct OrderPlaced {
 }
 
 fn routing_key<E: OutboxEvent>(event: &E) -> (&'static str, &'static str, String) {
-    (E::AGGREGATE_TYPE, E::EVENT_TYPE, event.aggregate_id())
+    (
+        E::AGGREGATE_TYPE,
+        E::EVENT_TYPES[0].name(),
+        event.aggregate_id(),
+    )
 }
 
 fn main() {

@@ -55,7 +55,7 @@ fn describe<E: OutboxEvent>(event: &E) -> String {
     format!(
         "{}/{}/{}",
         E::AGGREGATE_TYPE,
-        E::EVENT_TYPE,
+        E::EVENT_TYPES[0].name(),
         event.aggregate_id()
     )
 }

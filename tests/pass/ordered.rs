@@ -24,7 +24,7 @@ struct Viewed {
 }
 
 fn main() {
-    assert!(Posted::ORDERED);
-    assert!(Closed::ORDERED);
-    assert!(!Viewed::ORDERED);
+    assert!(Posted::EVENT_TYPES[0].ordered());
+    assert!(Closed::EVENT_TYPES[0].ordered());
+    assert!(!Viewed::EVENT_TYPES[0].ordered());
 }

@@ -10,11 +10,12 @@ struct OrderPlaced {
 
 // Only the missing `event_type` above is reported: the stub impl keeps these uses quiet.
 fn store<E: OutboxEvent>(event: &E) -> (String, &'static str) {
-    (event.aggregate_id(), E::EVENT_TYPE)
+    (event.aggregate_id(), E::EVENT_TYPES[0].name())
 }
 
 fn main() {
     let event = OrderPlaced { order_id: 7 };
     let _ = store(&event);
     let _ = OrderPlaced::AGGREGATE_TYPE;
+    let _ = (OrderPlaced::EVENT_TYPE, OrderPlaced::VERSION);
 }

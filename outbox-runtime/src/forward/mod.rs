@@ -10,14 +10,18 @@
 //! | destination (NATS subject, routing key, stream key) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
 //! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication; AMQP `message_id`; Redis field `id`) | `event_id` |
 //! | partition / ordering key | `aggregate_id` |
-//! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339) | the row's columns |
+//! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339), `outbox-event-version` | the row's columns |
 //! | the emit headers, `traceparent` among them | `headers`, strings as they are, other JSON values as JSON text |
 //! | content type | `application/json` |
 //! | payload | the stored JSON, as `jsonb` prints it |
 //!
 //! With [`Forward::cloudevents`], the row's own headers take CloudEvents binary-mode names
 //! instead (`ce-id`, `ce-type`, `ce-source` = `/{aggregate_type}`, `ce-subject`, `ce-time`,
-//! `ce-specversion` = `1.0`), so consumers with a CloudEvents SDK read them as they are.
+//! `ce-specversion` = `1.0`, and the extension `ce-eventversion`), so consumers with a
+//! CloudEvents SDK read them as they are.
+//!
+//! The payload is forwarded as stored, at the version it was written: a forwarding relay does
+//! not upcast, and consumers read the version from its header.
 //!
 //! A Kafka sink is a small addition on this trait: the message's `key` (the aggregate id) is the
 //! record key, so one aggregate stays on one partition, and its id a header.

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::forward::{Forward, OutboundMessage, Sink, SinkError};
-use crate::relay::{DecodeError, DeliveryLease, Route, RouteFuture, RowMeta, Settled};
+use crate::relay::{DecodeError, DeliveryLease, Payload, Route, RouteFuture, RowMeta, Settled};
 
 /// Most messages published in one batch.
 const MAX_BATCH: usize = 500;
@@ -47,6 +47,7 @@ impl ForwardRoute {
                 ("ce-subject".into(), meta.aggregate_id.clone()),
                 ("ce-time".into(), created_at),
                 ("ce-specversion".into(), "1.0".into()),
+                ("ce-eventversion".into(), meta.version.to_string()),
             ]
         } else {
             vec![
@@ -55,6 +56,7 @@ impl ForwardRoute {
                 ("outbox-aggregate-type".into(), aggregate_type.into()),
                 ("outbox-aggregate-id".into(), meta.aggregate_id.clone()),
                 ("outbox-created-at".into(), created_at),
+                ("outbox-event-version".into(), meta.version.to_string()),
             ]
         };
         if let Some(emitted) = meta.headers.as_object() {
@@ -79,10 +81,10 @@ impl<S> Route<S> for ForwardRoute {
         &self,
         _state: S,
         meta: RowMeta,
-        payload: &str,
+        payload: Payload<'_>,
         _: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
-        let message = self.message(&meta, payload);
+        let message = self.message(&meta, payload.json);
         let (done, outcome) = oneshot::channel();
         let sent = self.batcher().send((message, done));
         Ok(Box::pin(async move {

@@ -6,13 +6,17 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::event::OutboxEvent;
+use crate::error::BoxError;
+use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute};
-use crate::relay::config::{Backoff, DeadOrderedEvents, RelayConfig, UnknownEvents};
+use crate::relay::config::{
+    Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents,
+};
+use crate::relay::decode::{JsonUpcaster, JsonUpcasters};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::{Plan, Relay, Routes};
-use crate::store::{LeasePlan, LeaseTypes};
+use crate::store::{LeasePlan, LeaseTypes, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
 const FORWARDING_CONCURRENCY: usize = 256;
@@ -23,6 +27,7 @@ pub struct RelayBuilder<S = ()> {
     pool: PgPool,
     state: S,
     handlers: Vec<Registered<S>>,
+    upcasters: Vec<Upcaster>,
     forward: Option<Forward>,
     /// Set by [`RelayBuilder::concurrency`]; the default depends on forwarding.
     concurrency: Option<usize>,
@@ -31,16 +36,25 @@ pub struct RelayBuilder<S = ()> {
 
 struct Registered<S> {
     aggregate_type: &'static str,
-    event_type: &'static str,
+    event_types: &'static [EventType],
     event_name: &'static str,
     route: Box<dyn Route<S>>,
+}
+
+/// A JSON upcaster as registered, checked against the handlers by `build`.
+struct Upcaster {
+    aggregate_type: &'static str,
+    event_type: String,
+    from_version: u32,
+    upcaster: JsonUpcaster,
 }
 
 /// Why [`RelayBuilder::build`] refused to build a relay.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// Two handlers were registered for one `(aggregate_type, event_type)`.
+    /// Two handlers were registered for one `(aggregate_type, event_type)`: two versions of
+    /// one event, or an enum family and one of its variants' structs.
     #[error(
         "two handlers for aggregate `{aggregate_type}`, event type `{event_type}` \
          (events `{first}` and `{second}`): register one handler per event type"
@@ -71,6 +85,21 @@ pub enum BuildError {
         /// The Rust event type of the handler.
         handler: &'static str,
     },
+    /// A JSON upcaster that no handler would run.
+    #[error(
+        "JSON upcaster of aggregate `{aggregate_type}`, event type `{event_type}` from version \
+         {from_version}: {reason}"
+    )]
+    InvalidUpcaster {
+        /// The aggregate type it was registered for.
+        aggregate_type: &'static str,
+        /// The event type it was registered for.
+        event_type: String,
+        /// The version it reads.
+        from_version: u32,
+        /// Why it would never run.
+        reason: String,
+    },
     /// A setting is out of range.
     #[error("invalid relay setting: {0}")]
     InvalidSetting(&'static str),
@@ -88,6 +117,7 @@ impl Relay<()> {
             pool,
             state: (),
             handlers: Vec::new(),
+            upcasters: Vec::new(),
             forward: None,
             concurrency: None,
             config: RelayConfig::default(),
@@ -105,7 +135,7 @@ impl RelayBuilder<()> {
             .into_iter()
             .map(|h| Registered {
                 aggregate_type: h.aggregate_type,
-                event_type: h.event_type,
+                event_types: h.event_types,
                 event_name: h.event_name,
                 route: Box::new(Stateless(h.route)) as Box<dyn Route<S>>,
             })
@@ -114,6 +144,7 @@ impl RelayBuilder<()> {
             pool: self.pool,
             state,
             handlers,
+            upcasters: self.upcasters,
             forward: self.forward,
             concurrency: self.concurrency,
             config: self.config,
@@ -147,9 +178,55 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     fn route<E: OutboxEvent>(mut self, route: Box<dyn Route<S>>) -> Self {
         self.handlers.push(Registered {
             aggregate_type: E::AGGREGATE_TYPE,
-            event_type: E::EVENT_TYPE,
+            event_types: E::EVENT_TYPES,
             event_name: std::any::type_name::<E>(),
             route,
+        });
+        self
+    }
+
+    /// Registers a JSON upcaster: it turns the payload of `event_type` (of `E`'s aggregate)
+    /// written at `from_version` into the payload of the next version, for versions whose
+    /// structs are gone. A row older than the oldest version `E` reads through its
+    /// `upcast_from` chain goes through the upcasters, one version at a time, then the chain.
+    /// An error is a failed delivery naming the versions. `build` refuses an upcaster that no
+    /// handler would run.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
+    /// # use serde::{Deserialize, Serialize};
+    /// #[derive(Serialize, Deserialize, OutboxEvent)]
+    /// #[outbox(aggregate = "order", event_type = "order.placed", version = 2)]
+    /// struct OrderPlaced { #[outbox(id)] order_id: i64, total_cents: i64 }
+    ///
+    /// # async fn on_placed(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+    /// # fn build(pool: sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
+    /// // Version 1 stored `total` in whole units; its struct is long gone.
+    /// let relay = Relay::builder(pool)
+    ///     .handler(on_placed)
+    ///     .upcast_json::<OrderPlaced, _>("order.placed", 1, |mut v1| {
+    ///         let total = v1["total"].as_i64().ok_or("total is not an integer")?;
+    ///         v1["total_cents"] = (total * 100).into();
+    ///         Ok::<_, &str>(v1)
+    ///     })
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn upcast_json<E, Err>(
+        mut self,
+        event_type: &str,
+        from_version: u32,
+        upcaster: impl Fn(serde_json::Value) -> Result<serde_json::Value, Err> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: OutboxEvent,
+        Err: Into<BoxError>,
+    {
+        self.upcasters.push(Upcaster {
+            aggregate_type: E::AGGREGATE_TYPE,
+            event_type: event_type.to_owned(),
+            from_version,
+            upcaster: Box::new(move |value| upcaster(value).map_err(Into::into)),
         });
         self
     }
@@ -250,6 +327,13 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
+    /// What to do with rows written at a newer version than the handler's type reads.
+    /// Default [`NewerVersions::LeaveForOthers`].
+    pub fn newer_versions(mut self, policy: NewerVersions) -> Self {
+        self.config.newer_versions = policy;
+        self
+    }
+
     /// What a dead ordered event does to the later events of its aggregate.
     /// Default [`DeadOrderedEvents::BlockAggregate`].
     pub fn dead_ordered_events(mut self, policy: DeadOrderedEvents) -> Self {
@@ -299,19 +383,24 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
 
         let mut routes: Routes<S> = HashMap::new();
-        let mut names: HashMap<(&str, &str), &'static str> = HashMap::new();
+        let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> =
+            HashMap::new();
         for handler in self.handlers {
-            let key = (handler.aggregate_type, handler.event_type);
-            if let Some(first) = names.insert(key, handler.event_name) {
-                return Err(BuildError::DuplicateHandler {
-                    aggregate_type: handler.aggregate_type,
-                    event_type: handler.event_type,
-                    first,
-                    second: handler.event_name,
-                });
+            let route: Arc<dyn Route<S>> = Arc::from(handler.route);
+            for event_type in handler.event_types {
+                let key = (handler.aggregate_type, event_type.name());
+                if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
+                    return Err(BuildError::DuplicateHandler {
+                        aggregate_type: handler.aggregate_type,
+                        event_type: event_type.name(),
+                        first,
+                        second: handler.event_name,
+                    });
+                }
+                routes.insert(key, route.clone());
             }
-            routes.insert(key, Arc::from(handler.route));
         }
+        let upcasters = json_upcasters(self.upcasters, &handled)?;
 
         // The sink takes every leased row no handler takes: with `Forward::only`, the relay
         // leases just the handled and the forwarded types; without, it leases every type.
@@ -321,17 +410,30 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             let route: Arc<dyn Route<S>> = Arc::new(ForwardRoute::new(forward));
             route
         });
-        let mut pairs: Vec<(String, String)> =
-            routes.keys().map(|&(a, e)| (a.to_owned(), e.to_owned())).collect();
+        // Rows newer than a handler reads stay for newer relays, unless they are to fail.
+        let mut types = TypeVersions::default();
+        for (&(aggregate_type, name), &(event_type, _)) in &handled {
+            let newest = match config.newer_versions {
+                NewerVersions::LeaveForOthers => {
+                    i32::try_from(event_type.version()).unwrap_or(i32::MAX)
+                }
+                NewerVersions::Fail => i32::MAX,
+            };
+            types.push(aggregate_type, name, newest);
+        }
+        let mut wakes_for: Vec<String> = types.event_types.clone();
+        let mut forwarded_types = TypeVersions::default();
         for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
-            if let Some(&first) = names.get(&(aggregate_type.as_str(), event_type.as_str())) {
+            if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str())) {
                 return Err(BuildError::ForwardedAndHandled {
                     aggregate_type,
                     event_type,
                     handler: first,
                 });
             }
-            pairs.push((aggregate_type, event_type));
+            // A forwarded payload goes out as stored, whatever its version.
+            forwarded_types.push(&aggregate_type, &event_type, i32::MAX);
+            wakes_for.push(event_type);
         }
 
         // Decided once here, not in the loop: which rows every lease asks for, and which
@@ -339,12 +441,12 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         let every_type =
             matches!(forwarded, Some(None)) || config.unknown_events == UnknownEvents::Fail;
         let (types, wakes_for) = if every_type {
-            (LeaseTypes::All, None)
+            (LeaseTypes::All(types), None)
         } else {
-            let (aggregate_types, event_types): (Vec<String>, Vec<String>) =
-                pairs.into_iter().unzip();
-            let wakes_for = Some(event_types.clone());
-            (LeaseTypes::Only { aggregate_types, event_types }, wakes_for)
+            types.aggregate_types.extend(forwarded_types.aggregate_types);
+            types.event_types.extend(forwarded_types.event_types);
+            types.versions.extend(forwarded_types.versions);
+            (LeaseTypes::Only(types), Some(wakes_for))
         };
         let plan = Plan {
             lease: LeasePlan {
@@ -360,6 +462,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             pool: self.pool,
             state: self.state,
             routes,
+            upcasters: Arc::new(upcasters),
             fallback,
             sink,
             config,
@@ -367,4 +470,54 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             metrics: RelayMetrics::default(),
         })
     }
+}
+
+/// The JSON upcasters by the version they read, each checked to run for some handler: one per
+/// version, below the oldest version the handler's type reads, and reaching it without a gap.
+fn json_upcasters(
+    registered: Vec<Upcaster>,
+    handled: &HashMap<(&str, &str), (&'static EventType, &'static str)>,
+) -> Result<JsonUpcasters, BuildError> {
+    let mut upcasters = JsonUpcasters::default();
+    let mut checks = Vec::new();
+    for Upcaster { aggregate_type, event_type, from_version, upcaster } in registered {
+        let invalid = |reason: String| BuildError::InvalidUpcaster {
+            aggregate_type,
+            event_type: event_type.clone(),
+            from_version,
+            reason,
+        };
+        let Some(&(known, handler)) = handled.get(&(aggregate_type, event_type.as_str())) else {
+            return Err(invalid("no handler takes this event type".into()));
+        };
+        if from_version >= known.oldest_version() || from_version == 0 {
+            return Err(invalid(format!(
+                "`{handler}` reads versions {} to {} itself; upcasters read older ones, from 1",
+                known.oldest_version(),
+                known.version()
+            )));
+        }
+        let key = (aggregate_type, known.name(), from_version);
+        if upcasters.0.insert(key, upcaster).is_some() {
+            return Err(invalid("registered twice".into()));
+        }
+        checks.push((key, known));
+    }
+    for ((aggregate_type, event_type, from_version), known) in checks {
+        if let Some(missing) = (from_version..known.oldest_version())
+            .find(|&version| !upcasters.0.contains_key(&(aggregate_type, event_type, version)))
+        {
+            return Err(BuildError::InvalidUpcaster {
+                aggregate_type,
+                event_type: event_type.to_owned(),
+                from_version,
+                reason: format!(
+                    "it cannot reach version {}, which the handler's type reads: version \
+                     {missing} has no upcaster",
+                    known.oldest_version()
+                ),
+            });
+        }
+    }
+    Ok(upcasters)
 }

@@ -53,6 +53,20 @@ pub enum UnknownEvents {
     Fail,
 }
 
+/// What a relay does with a row written at a newer version than its handler's type reads (a new
+/// producer deployed before this relay).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NewerVersions {
+    /// Do not lease it: it stays pending for a relay that reads its version, and shows per
+    /// version in [`stats_by_type`](crate::stats_by_type) and `outbox status`.
+    #[default]
+    LeaveForOthers,
+    /// Lease it and record a failure naming both versions; after `max_attempts` such failures
+    /// the row is dead and can be requeued once a relay reads it.
+    Fail,
+}
+
 /// What a dead ordered event does to the events after it in its aggregate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -78,6 +92,7 @@ pub(crate) struct RelayConfig {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) unknown_events: UnknownEvents,
+    pub(crate) newer_versions: NewerVersions,
     pub(crate) dead_ordered_events: DeadOrderedEvents,
     pub(crate) retention: Option<Duration>,
 }
@@ -95,6 +110,7 @@ impl Default for RelayConfig {
             shutdown_timeout: Duration::from_secs(30),
             handler_timeout: Some(Duration::from_secs(300)),
             unknown_events: UnknownEvents::default(),
+            newer_versions: NewerVersions::default(),
             dead_ordered_events: DeadOrderedEvents::default(),
             retention: None,
         }

@@ -9,6 +9,8 @@ pub(crate) struct RowMeta {
     pub(crate) aggregate_type: String,
     pub(crate) aggregate_id: String,
     pub(crate) event_type: String,
+    /// The version the payload was written at.
+    pub(crate) version: u32,
     pub(crate) headers: serde_json::Value,
     pub(crate) attempt: u32,
     pub(crate) created_at: DateTime<Utc>,
@@ -21,6 +23,7 @@ pub struct EventContext<S = ()> {
     state: S,
     event_id: Uuid,
     aggregate_id: String,
+    version: u32,
     headers: serde_json::Value,
     attempt: u32,
     created_at: DateTime<Utc>,
@@ -28,8 +31,8 @@ pub struct EventContext<S = ()> {
 
 impl<S> EventContext<S> {
     pub(crate) fn new(state: S, meta: RowMeta) -> Self {
-        let RowMeta { event_id, aggregate_id, headers, attempt, created_at, .. } = meta;
-        Self { state, event_id, aggregate_id, headers, attempt, created_at }
+        let RowMeta { event_id, aggregate_id, version, headers, attempt, created_at, .. } = meta;
+        Self { state, event_id, aggregate_id, version, headers, attempt, created_at }
     }
 
     /// The relay's shared state (see `RelayBuilder::state`).
@@ -45,6 +48,12 @@ impl<S> EventContext<S> {
     /// The aggregate id the event was emitted with.
     pub fn aggregate_id(&self) -> &str {
         &self.aggregate_id
+    }
+
+    /// The version the event was emitted at (its `event_version`), before any upcasting to
+    /// the handler's type.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// All headers the event was emitted with, as a JSON object.

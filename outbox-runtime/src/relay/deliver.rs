@@ -12,7 +12,8 @@ use tracing::Instrument;
 
 use crate::relay::acker::{Ack, Outcome};
 use crate::relay::context::RowMeta;
-use crate::relay::handler::{DeliveryLease, Route, Settled};
+use crate::relay::decode::JsonUpcasters;
+use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::Pace;
@@ -24,6 +25,8 @@ const MAX_ERROR_LEN: usize = 4_096;
 pub(crate) struct Delivery<S> {
     /// `None` when no handler takes this event type (the `UnknownEvents::Fail` policy).
     pub(crate) route: Option<Arc<dyn Route<S>>>,
+    /// The relay's JSON upcasters, for rows older than their handler's type reads.
+    pub(crate) upcasters: Arc<JsonUpcasters>,
     pub(crate) state: S,
     pub(crate) row: LeasedEvent,
     pub(crate) lease: HeldLease,
@@ -42,8 +45,18 @@ impl<S> Delivery<S> {
     }
 
     pub(crate) async fn run(self) {
-        let Delivery { route, state, row, mut lease, pool, handler_timeout, acks, metrics, pace } =
-            self;
+        let Delivery {
+            route,
+            upcasters,
+            state,
+            row,
+            mut lease,
+            pool,
+            handler_timeout,
+            acks,
+            metrics,
+            pace,
+        } = self;
         // If this task is cancelled (shutdown timeout), the guard hands the row back.
         let mut guard = AckGuard { acks, ack: Some(ack(&row, Outcome::Released)) };
         if !lease.is_valid() {
@@ -78,14 +91,17 @@ impl<S> Delivery<S> {
                 aggregate_type: row.aggregate_type,
                 aggregate_id: row.aggregate_id,
                 event_type: row.event_type,
+                // The column's check keeps it positive.
+                version: u32::try_from(row.event_version).unwrap_or(1),
                 headers: row.headers,
                 attempt,
                 created_at: row.created_at,
             };
-            let call = || route.call(state, meta, &row.payload, delivery_lease);
+            let payload = Payload { json: &row.payload, upcasters: &upcasters };
+            let call = || route.call(state, meta, payload, delivery_lease);
             let handling = catch_unwind(AssertUnwindSafe(call))
                 .map_err(panic_message)?
-                .map_err(|decode| decode.to_string())?;
+                .map_err(|decode| error_chain(&decode))?;
             let handling = AssertUnwindSafe(handling).catch_unwind();
             let finished = match handler_timeout {
                 Some(limit) => tokio::time::timeout(limit, handling)

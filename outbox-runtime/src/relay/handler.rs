@@ -13,7 +13,7 @@ use std::pin::Pin;
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
-use crate::relay::decode::{decode, DecodeError};
+use crate::relay::decode::{read, DecodeError, JsonUpcasters};
 use crate::relay::held::HeldLease;
 
 /// An async function that handles one event type, found from its arguments:
@@ -112,13 +112,27 @@ pub(crate) struct DeliveryLease {
     pub(crate) lease: HeldLease,
 }
 
+/// A leased row's payload as stored, with the relay's JSON upcasters to read older versions.
+#[derive(Clone, Copy)]
+pub(crate) struct Payload<'a> {
+    pub(crate) json: &'a str,
+    pub(crate) upcasters: &'a JsonUpcasters,
+}
+
+impl Payload<'_> {
+    /// The payload read as `E`, through its versions.
+    pub(crate) fn read<E: OutboxEvent>(self, meta: &RowMeta) -> Result<E, DecodeError> {
+        read(&meta.event_type, meta.version, self.json, self.upcasters)
+    }
+}
+
 /// The type-erased form of a handler: decode, then call.
 pub(crate) trait Route<S>: Send + Sync {
     fn call(
         &self,
         state: S,
         meta: RowMeta,
-        payload: &str,
+        payload: Payload<'_>,
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError>;
 }
@@ -141,10 +155,11 @@ where
         &self,
         state: S,
         meta: RowMeta,
-        payload: &str,
+        payload: Payload<'_>,
         _: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
-        let handling = (self.handler)(EventContext::new(state, meta), decode(payload)?);
+        let event = payload.read(&meta)?;
+        let handling = (self.handler)(EventContext::new(state, meta), event);
         Ok(Box::pin(async move { handling.await.map(|()| Settled::Handled).map_err(Into::into) }))
     }
 }
@@ -157,7 +172,7 @@ impl<S> Route<S> for Stateless {
         &self,
         _state: S,
         meta: RowMeta,
-        payload: &str,
+        payload: Payload<'_>,
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
         self.0.call((), meta, payload, lease)

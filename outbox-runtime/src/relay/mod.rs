@@ -47,11 +47,14 @@ use held::Held;
 use work::Work;
 
 pub use builder::{BuildError, RelayBuilder};
-pub use config::{Backoff, DeadOrderedEvents, UnknownEvents};
+pub use config::{Backoff, DeadOrderedEvents, NewerVersions, UnknownEvents};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
-pub(crate) use decode::DecodeError;
-pub(crate) use handler::{DeliveryLease, Route, RouteFuture, Settled};
+pub use decode::DecodeError;
+pub(crate) use decode::{
+    decode, decode_variant, read_plain, unknown_event_type, unknown_version, upcast, JsonUpcasters,
+};
+pub(crate) use handler::{DeliveryLease, Payload, Route, RouteFuture, Settled};
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::TransactionContext;
@@ -67,6 +70,8 @@ pub struct Relay<S = ()> {
     pool: PgPool,
     state: S,
     routes: Routes<S>,
+    /// JSON upcasters for versions older than the handlers' types read.
+    upcasters: Arc<JsonUpcasters>,
     /// Where rows go that no handler takes, when the relay forwards every other type.
     fallback: Option<Arc<dyn Route<S>>>,
     /// The sink the relay forwards to, checked at start.

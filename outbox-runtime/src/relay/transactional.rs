@@ -16,9 +16,9 @@ use tokio::sync::oneshot;
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
-use crate::relay::decode::{decode, DecodeError};
+use crate::relay::decode::DecodeError;
 use crate::relay::handler::{
-    DeliveryLease, ErasedRoute, HandlerContext, Route, RouteFuture, Settled,
+    DeliveryLease, ErasedRoute, HandlerContext, Payload, Route, RouteFuture, Settled,
 };
 use crate::store;
 
@@ -104,10 +104,10 @@ where
         &self,
         state: S,
         meta: RowMeta,
-        payload: &str,
+        payload: Payload<'_>,
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
-        let event: E = decode(payload)?;
+        let event: E = payload.read(&meta)?;
         let handler = self.handler.clone();
         Ok(Box::pin(async move {
             let tx = lease.pool.begin().await?;

@@ -135,6 +135,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                 let route = relay.route(&row);
                 self.queue.push_back(Delivery {
                     route,
+                    upcasters: relay.upcasters.clone(),
                     state: relay.state.clone(),
                     row,
                     lease,

@@ -7,6 +7,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{micros, Query, Scalar};
+use crate::event::EventType;
 
 /// When an emitted event becomes deliverable.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -26,13 +27,26 @@ pub(crate) struct NewEvents {
     pub(crate) event_ids: Vec<Uuid>,
     aggregate_ids: Vec<String>,
     payloads: Vec<String>,
+    event_types: Vec<&'static str>,
+    versions: Vec<i32>,
+    ordered: Vec<bool>,
 }
 
 impl NewEvents {
-    pub(crate) fn push(&mut self, event_id: Uuid, aggregate_id: String, payload: String) {
+    pub(crate) fn push(
+        &mut self,
+        event_id: Uuid,
+        event_type: &'static EventType,
+        aggregate_id: String,
+        payload: String,
+    ) {
         self.event_ids.push(event_id);
         self.aggregate_ids.push(aggregate_id);
         self.payloads.push(payload);
+        self.event_types.push(event_type.name());
+        // Versions above i32::MAX cannot be declared (the derive checks), nor stored.
+        self.versions.push(i32::try_from(event_type.version()).unwrap_or(i32::MAX));
+        self.ordered.push(event_type.ordered());
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -43,8 +57,6 @@ impl NewEvents {
 /// What one insert statement shares across its rows.
 pub(crate) struct InsertShared<'a> {
     pub(crate) aggregate_type: &'static str,
-    pub(crate) event_type: &'static str,
-    pub(crate) ordered: bool,
     pub(crate) headers: &'a str,
     pub(crate) available: Available,
     pub(crate) idempotency_key: Option<&'a str>,
@@ -55,8 +67,9 @@ macro_rules! insert_one {
     ($tail:literal) => {
         concat!(
             "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
-                                        payload, headers, available_at, idempotency_key) \
-             VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
+                                        event_version, payload, headers, available_at, \
+                                        idempotency_key) \
+             VALUES ($1, $2, $3, $4, $10, $5::jsonb, $6::jsonb, \
                      COALESCE($7::timestamptz, now() + $8::bigint * interval '1 microsecond'), $9)",
             $tail
         )
@@ -77,7 +90,7 @@ pub(crate) async fn insert_events(
     shared: InsertShared<'_>,
     rows: &NewEvents,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    if let ([event_id], false) = (rows.event_ids.as_slice(), shared.ordered) {
+    if let ([event_id], [false]) = (rows.event_ids.as_slice(), rows.ordered.as_slice()) {
         let inserted = insert_one_query(&shared, rows).execute(conn).await?;
         return Ok(if inserted.rows_affected() == 1 { vec![*event_id] } else { Vec::new() });
     }
@@ -109,12 +122,13 @@ pub(super) fn insert_one_query<'q>(shared: &InsertShared<'q>, rows: &'q NewEvent
         .bind(rows.event_ids[0])
         .bind(shared.aggregate_type)
         .bind(&rows.aggregate_ids[0])
-        .bind(shared.event_type)
+        .bind(rows.event_types[0])
         .bind(&rows.payloads[0])
         .bind(shared.headers)
         .bind(at)
         .bind(delay)
         .bind(shared.idempotency_key)
+        .bind(rows.versions[0])
 }
 
 pub(super) fn insert_many_query<'q>(
@@ -126,16 +140,17 @@ pub(super) fn insert_many_query<'q>(
         "WITH locked AS ( \
              SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
                  SELECT DISTINCT hashtextextended($1 || '/' || a, 0) AS k \
-                 FROM UNNEST($7::text[]) AS a WHERE $9 ORDER BY 1 \
+                 FROM UNNEST($6::text[], $9::bool[]) AS x(a, ordered) WHERE ordered ORDER BY 1 \
              ) AS keys \
          ) \
-         INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload, \
-                                    headers, available_at, ordered, idempotency_key) \
-         SELECT e.event_id, $1, e.aggregate_id, $2, e.payload::jsonb, $3::jsonb, \
-                COALESCE($4::timestamptz, now() + $5::bigint * interval '1 microsecond'), \
-                $9, $10 \
-         FROM UNNEST($6::uuid[], $7::text[], $8::text[]) WITH ORDINALITY \
-              AS e(event_id, aggregate_id, payload, ord) \
+         INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
+                                    event_version, payload, headers, available_at, ordered, \
+                                    idempotency_key) \
+         SELECT e.event_id, $1, e.aggregate_id, e.event_type, e.version, e.payload::jsonb, \
+                $2::jsonb, COALESCE($3::timestamptz, now() + $4::bigint * interval '1 microsecond'), \
+                e.ordered, $10 \
+         FROM UNNEST($5::uuid[], $6::text[], $7::text[], $8::int4[], $9::bool[], $11::text[]) \
+              WITH ORDINALITY AS e(event_id, aggregate_id, payload, version, ordered, event_type, ord) \
          WHERE (SELECT n FROM locked) >= 0 \
          ORDER BY e.ord \
          ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL \
@@ -143,15 +158,16 @@ pub(super) fn insert_many_query<'q>(
          RETURNING event_id",
     )
     .bind(shared.aggregate_type)
-    .bind(shared.event_type)
     .bind(shared.headers)
     .bind(at)
     .bind(delay)
     .bind(&rows.event_ids)
     .bind(&rows.aggregate_ids)
     .bind(&rows.payloads)
-    .bind(shared.ordered)
+    .bind(&rows.versions)
+    .bind(&rows.ordered)
     .bind(shared.idempotency_key)
+    .bind(&rows.event_types)
 }
 
 /// The event stored earlier under an idempotency key.

@@ -15,6 +15,8 @@ pub(crate) struct LeasedEvent {
     pub(crate) aggregate_type: String,
     pub(crate) aggregate_id: String,
     pub(crate) event_type: String,
+    /// The version the payload was written at.
+    pub(crate) event_version: i32,
     pub(crate) payload: String,
     pub(crate) headers: serde_json::Value,
     pub(crate) created_at: DateTime<Utc>,
@@ -30,10 +32,27 @@ pub(crate) struct LeasedEvent {
 
 /// Which event types a relay leases.
 pub(crate) enum LeaseTypes {
-    /// Only these `(aggregate_type, event_type)` pairs, column-wise.
-    Only { aggregate_types: Vec<String>, event_types: Vec<String> },
-    /// Every event, handled or not.
-    All,
+    /// Only these types, up to their versions.
+    Only(TypeVersions),
+    /// Every event, but the listed types only up to their versions.
+    All(TypeVersions),
+}
+
+/// `(aggregate_type, event_type, newest version read)` triples, column-wise: the relay leaves
+/// rows of a newer version for a relay that reads it.
+#[derive(Default)]
+pub(crate) struct TypeVersions {
+    pub(crate) aggregate_types: Vec<String>,
+    pub(crate) event_types: Vec<String>,
+    pub(crate) versions: Vec<i32>,
+}
+
+impl TypeVersions {
+    pub(crate) fn push(&mut self, aggregate_type: &str, event_type: &str, newest: i32) {
+        self.aggregate_types.push(aggregate_type.to_owned());
+        self.event_types.push(event_type.to_owned());
+        self.versions.push(newest);
+    }
 }
 
 /// What every lease of a relay asks for, decided once when the relay is built.
@@ -75,7 +94,7 @@ macro_rules! lease_sql {
              WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates)) \
              RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
                        e.payload::text, e.headers, e.created_at, e.attempts, \
-                       e.expired_leases, e.dead_at IS NOT NULL AS died"
+                       e.expired_leases, e.dead_at IS NOT NULL AS died, e.event_version"
         )
     };
 }
@@ -95,19 +114,20 @@ macro_rules! first_in_aggregate {
 }
 
 /// Selects and locks the oldest available rows of the types in `types` (a relation of
-/// `aggregate_type, event_type` pairs): one short scan of the `events_pending_by_type` index
-/// per type, so rows of other types cost nothing however many pile up.
+/// `aggregate_type, event_type, newest_version` triples) up to their newest version: one short
+/// scan of the `events_pending_by_type` index per type, so rows of other types cost nothing
+/// however many pile up.
 macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
             "SELECT c.ctid FROM ",
             $types,
-            " AS h(aggregate_type, event_type) \
+            " AS h(aggregate_type, event_type, newest_version) \
              CROSS JOIN LATERAL ( \
                  SELECT r.ctid, r.available_at, r.seq FROM outbox.events r \
                  WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
                    AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-                   AND ",
+                   AND r.event_version <= h.newest_version AND ",
             first_in_aggregate!(),
             " \
                  ORDER BY r.available_at, r.seq \
@@ -120,12 +140,13 @@ macro_rules! oldest_per_type {
     };
 }
 
-/// Leases the oldest available rows of the handled types, `$6` and `$7` column-wise.
+/// Leases the oldest available rows of the handled types, `$6` to `$8` column-wise.
 pub(crate) const LEASE_HANDLED: &str =
-    lease_sql!(oldest_per_type!("UNNEST($6::text[], $7::text[])"));
+    lease_sql!(oldest_per_type!("UNNEST($6::text[], $7::text[], $8::int4[])"));
 
-/// Leases the oldest available rows of any type. The types with pending rows come from a
-/// skip scan of the per-type index (one probe per type), not from an index of their own.
+/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions. The
+/// types with pending rows come from a skip scan of the per-type index (one probe per type),
+/// not from an index of their own.
 pub(crate) const LEASE_ANY: &str = lease_sql!(
     "WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
@@ -139,7 +160,12 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(
              ORDER BY r.aggregate_type, r.event_type LIMIT 1 \
          ) n \
      ) ",
-    oldest_per_type!("pending_types")
+    oldest_per_type!(
+        "(SELECT t.aggregate_type, t.event_type, coalesce(v.newest, 2147483647) \
+          FROM pending_types t \
+          LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
+          ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
+    )
 );
 
 /// The settings of the relay's own connections. Each statement is planned once and the plan
@@ -173,6 +199,7 @@ pub(crate) async fn lease(
                 attempts: row.try_get(7)?,
                 expired_leases: row.try_get(8)?,
                 died: row.try_get(9)?,
+                event_version: row.try_get(10)?,
                 lease_token: token,
             })
         })
@@ -180,22 +207,19 @@ pub(crate) async fn lease(
 }
 
 /// `$1` limit, `$2` token, `$3` lease in microseconds, `$4` most expired leases, `$5` skip dead
-/// ordered events; [`LEASE_HANDLED`] adds `$6`/`$7`, the handled types column-wise.
+/// ordered events, `$6` to `$8` the types and their newest versions, column-wise.
 pub(super) fn lease_query(plan: &LeasePlan, limit: i64, token: Uuid) -> Query<'_> {
-    let sql = match plan.types {
-        LeaseTypes::Only { .. } => LEASE_HANDLED,
-        LeaseTypes::All => LEASE_ANY,
+    let (sql, types) = match &plan.types {
+        LeaseTypes::Only(types) => (LEASE_HANDLED, types),
+        LeaseTypes::All(types) => (LEASE_ANY, types),
     };
-    let query = sqlx::query(sql)
+    sqlx::query(sql)
         .bind(limit)
         .bind(token)
         .bind(micros(plan.lease_timeout))
         .bind(plan.max_expired_leases)
-        .bind(plan.skip_dead_ordered);
-    match &plan.types {
-        LeaseTypes::Only { aggregate_types, event_types } => {
-            query.bind(aggregate_types).bind(event_types)
-        }
-        LeaseTypes::All => query,
-    }
+        .bind(plan.skip_dead_ordered)
+        .bind(&types.aggregate_types)
+        .bind(&types.event_types)
+        .bind(&types.versions)
 }

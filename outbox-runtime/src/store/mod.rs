@@ -20,7 +20,7 @@ mod sleepers;
 
 pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
-pub(crate) use lease::{lease, LeasePlan, LeaseTypes, LeasedEvent, RELAY_SESSION};
+pub(crate) use lease::{lease, LeasePlan, LeaseTypes, LeasedEvent, TypeVersions, RELAY_SESSION};
 pub use ops::DeadEvent;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
@@ -59,6 +59,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
+    use crate::event::EventType;
 
     /// The highest `$N` a statement names.
     fn highest_parameter(sql: &str) -> usize {
@@ -82,24 +83,27 @@ mod tests {
     #[test]
     fn every_statement_binds_each_parameter_its_sql_names() {
         let (ids, tokens) = (vec![Uuid::nil()], vec![Uuid::nil()]);
-        let types = vec!["order".to_owned()];
         let plan = |types| LeasePlan {
             types,
             lease_timeout: Duration::from_secs(1),
             max_expired_leases: 3,
             skip_dead_ordered: false,
         };
-        let only = plan(LeaseTypes::Only { aggregate_types: types.clone(), event_types: types });
-        let all = plan(LeaseTypes::All);
+        let types = || {
+            let mut types = TypeVersions::default();
+            types.push("order", "order.placed", 1);
+            types
+        };
+        let only = plan(LeaseTypes::Only(types()));
+        let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1));
         let selection = DeadSelection { aggregate_type: None, event_type: None, event_id: None };
         let mut rows = NewEvents::default();
-        rows.push(Uuid::nil(), "1".to_owned(), "{}".to_owned());
+        const PLACED: EventType = EventType::new("order.placed", 1, 1, false);
+        rows.push(Uuid::nil(), &PLACED, "1".to_owned(), "{}".to_owned());
         let shared = |idempotency_key| InsertShared {
             aggregate_type: "order",
-            event_type: "order.placed",
-            ordered: false,
             headers: "{}",
             available: Available::Now,
             idempotency_key,

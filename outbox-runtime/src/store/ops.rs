@@ -42,23 +42,25 @@ pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx
     stats_query().fetch_all(pool).await
 }
 
-/// `(aggregate_type, event_type, pending, dead, age of the oldest pending in seconds)`.
-pub(crate) type TypeCounts = (String, String, i64, i64, Option<f64>);
+/// `(aggregate_type, event_type, event_version, pending, dead, age of the oldest pending in
+/// seconds)`.
+pub(crate) type TypeCounts = (String, String, i32, i64, i64, Option<f64>);
 
 pub(super) fn stats_query<'q>() -> Rows<'q, TypeCounts> {
     sqlx::query_as(
-        "SELECT aggregate_type, event_type, \
+        "SELECT aggregate_type, event_type, event_version, \
                 count(*) FILTER (WHERE NOT dead), \
                 count(*) FILTER (WHERE dead), \
                 extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 \
          FROM ( \
-             SELECT aggregate_type, event_type, created_at, false AS dead FROM outbox.events \
-             WHERE published_at IS NULL AND dead_at IS NULL \
+             SELECT aggregate_type, event_type, event_version, created_at, false AS dead \
+             FROM outbox.events WHERE published_at IS NULL AND dead_at IS NULL \
              UNION ALL \
-             SELECT aggregate_type, event_type, created_at, true FROM outbox.events \
-             WHERE dead_at IS NOT NULL \
+             SELECT aggregate_type, event_type, event_version, created_at, true \
+             FROM outbox.events WHERE dead_at IS NOT NULL \
          ) AS unpublished \
-         GROUP BY aggregate_type, event_type ORDER BY aggregate_type, event_type",
+         GROUP BY aggregate_type, event_type, event_version \
+         ORDER BY aggregate_type, event_type, event_version",
     )
 }
 

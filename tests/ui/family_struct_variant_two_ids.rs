@@ -1,0 +1,16 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order")]
+enum OrderEvent {
+    #[outbox(event_type = "order.cancelled")]
+    Cancelled {
+        #[outbox(id)]
+        order_id: u64,
+        #[outbox(id)]
+        customer_id: u64,
+    },
+}
+
+fn main() {}

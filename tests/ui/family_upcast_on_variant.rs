@@ -1,0 +1,23 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: u64,
+}
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order")]
+enum OrderEvent {
+    #[outbox(event_type = "order.placed", upcast_from = OrderPlaced)]
+    Placed(OrderPlaced),
+    #[outbox(event_type = "order.cancelled", version = 2, upcast_from = OrderCancelledV1)]
+    Cancelled {
+        #[outbox(id)]
+        order_id: u64,
+    },
+}
+
+fn main() {}

@@ -1,0 +1,30 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlacedV1 {
+    #[outbox(id)]
+    order_id: u64,
+}
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(
+    aggregate = "order",
+    event_type = "order.placed",
+    version = 2,
+    upcast_from = "OrderPlacedV1"
+)]
+struct OrderPlaced {
+    #[outbox(id)]
+    order_id: u64,
+}
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.shipped", version = 2, upcast_from = [u8; 2])]
+struct OrderShipped {
+    #[outbox(id)]
+    order_id: u64,
+}
+
+fn main() {}
