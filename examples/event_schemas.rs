@@ -12,7 +12,8 @@ use outbox_runtime::{event_schemas, EventSchema};
 use shop::{OrderCancelled, OrderPlaced};
 
 fn main() -> std::io::Result<()> {
-    let folder = std::env::args_os().nth(1).map_or_else(|| "target/event-schemas".into(), PathBuf::from);
+    let folder =
+        std::env::args_os().nth(1).map_or_else(|| "target/event-schemas".into(), PathBuf::from);
     std::fs::create_dir_all(&folder)?;
     let schemas: Vec<EventSchema> =
         [event_schemas::<OrderPlaced>(), event_schemas::<OrderCancelled>()].concat();

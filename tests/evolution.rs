@@ -120,11 +120,13 @@ async fn failed(pool: &PgPool, id: Uuid) -> RowState {
 async fn a_handler_of_the_newest_version_reads_every_older_one(pool: PgPool) {
     migrated(&pool).await;
     let v1 = emit_committed(&pool, &[InvoiceIssuedV1 { invoice_id: 1, total: 12 }]).await[0];
-    let v2 = emit_committed(&pool, &[InvoiceIssuedV2 { invoice_id: 2, total_cents: 1250 }]).await[0];
+    let v2 =
+        emit_committed(&pool, &[InvoiceIssuedV2 { invoice_id: 2, total_cents: 1250 }]).await[0];
     let v3 = InvoiceIssued { invoice_id: 3, currency: "USD".into(), cents: 99 };
     let v3 = emit_committed(&pool, &[v3]).await[0];
     // Rows written by SQL that does not know the column read as version 1.
-    let by_sql = insert_by_sql(&pool, "invoice.issued", json!({ "invoice_id": 4, "total": 7 })).await;
+    let by_sql =
+        insert_by_sql(&pool, "invoice.issued", json!({ "invoice_id": 4, "total": 7 })).await;
     for (id, version) in [(v1, 1), (v2, 2), (v3, 3), (by_sql, 1)] {
         assert_eq!(event_version(&pool, id).await, version);
     }
@@ -198,8 +200,9 @@ fn v1_to_v2(mut v1: serde_json::Value) -> Result<serde_json::Value, HandlerError
 /// Version 3 split `shipment` into `carrier` and `tracking`.
 fn v2_to_v3(mut v2: serde_json::Value) -> Result<serde_json::Value, HandlerError> {
     let shipment = v2["shipment"].as_str().unwrap_or_default().to_owned();
-    let (carrier, tracking) =
-        shipment.split_once(':').ok_or_else(|| HandlerError(format!("no carrier in {shipment:?}")))?;
+    let (carrier, tracking) = shipment
+        .split_once(':')
+        .ok_or_else(|| HandlerError(format!("no carrier in {shipment:?}")))?;
     v2["carrier"] = carrier.into();
     v2["tracking"] = tracking.into();
     Ok(v2)
@@ -246,7 +249,11 @@ async fn json_upcasters_read_versions_whose_structs_are_gone(pool: PgPool) {
     };
     assert_eq!(
         seen_sorted(&seen),
-        [(1, shipped(1, "ups", "1Z9")), (2, shipped(2, "dhl", "42")), (3, shipped(4, "fedex", "7"))]
+        [
+            (1, shipped(1, "ups", "1Z9")),
+            (2, shipped(2, "dhl", "42")),
+            (3, shipped(4, "fedex", "7"))
+        ]
     );
     assert_eq!(
         row_state(&pool, broken).await.last_error.unwrap(),
@@ -364,10 +371,8 @@ async fn an_enum_family_writes_its_variants_rows_and_reads_them_back(pool: PgPoo
     migrated(&pool).await;
     let cart_id = Uuid::now_v7();
     let added = ItemAdded { cart_id, sku: "tea".into(), qty: 2 };
-    let events = [
-        CartEvent::ItemAdded(added.clone()),
-        CartEvent::CheckedOut { cart_id, total_cents: 900 },
-    ];
+    let events =
+        [CartEvent::ItemAdded(added.clone()), CartEvent::CheckedOut { cart_id, total_cents: 900 }];
     let mut tx = pool.begin().await.unwrap();
     let ids = emit_all(&mut tx, &events).await.unwrap();
     // The variant's struct writes the same kind of row.
@@ -386,9 +391,27 @@ async fn an_enum_family_writes_its_variants_rows_and_reads_them_back(pool: PgPoo
     assert_eq!(
         rows,
         [
-            ("cart.item_added".into(), cart.clone(), 1, true, json!({ "cart_id": cart, "sku": "tea", "qty": 2 })),
-            ("cart.checked_out".into(), cart.clone(), 2, true, json!({ "cart_id": cart, "total": 900 })),
-            ("cart.item_added".into(), cart.clone(), 1, true, json!({ "cart_id": cart, "sku": "cup", "qty": 1 })),
+            (
+                "cart.item_added".into(),
+                cart.clone(),
+                1,
+                true,
+                json!({ "cart_id": cart, "sku": "tea", "qty": 2 })
+            ),
+            (
+                "cart.checked_out".into(),
+                cart.clone(),
+                2,
+                true,
+                json!({ "cart_id": cart, "total": 900 })
+            ),
+            (
+                "cart.item_added".into(),
+                cart.clone(),
+                1,
+                true,
+                json!({ "cart_id": cart, "sku": "cup", "qty": 1 })
+            ),
         ],
         "each variant's event type and version, its content as the payload, the family's order"
     );
@@ -447,7 +470,10 @@ async fn build_refuses_handlers_and_upcasters_that_would_be_ambiguous_or_never_r
     );
     let two_versions = Relay::builder(pool()).handler(v2).handler(v3).build();
     assert!(
-        matches!(two_versions, Err(BuildError::DuplicateHandler { event_type: "invoice.issued", .. })),
+        matches!(
+            two_versions,
+            Err(BuildError::DuplicateHandler { event_type: "invoice.issued", .. })
+        ),
         "two versions of one event type on one relay"
     );
 
@@ -456,16 +482,24 @@ async fn build_refuses_handlers_and_upcasters_that_would_be_ambiguous_or_never_r
         Err(BuildError::InvalidUpcaster { reason, .. }) => reason,
         other => panic!("expected an invalid upcaster, got {:?}", other.err()),
     };
-    let no_handler =
-        Relay::builder(pool()).handler(v3).upcast_json::<InvoiceShipped, _>("invoice.shipped", 1, identity);
+    let no_handler = Relay::builder(pool()).handler(v3).upcast_json::<InvoiceShipped, _>(
+        "invoice.shipped",
+        1,
+        identity,
+    );
     assert_eq!(reason(no_handler), "no handler takes this event type");
-    let read_by_the_chain =
-        Relay::builder(pool()).handler(v3).upcast_json::<InvoiceIssued, _>("invoice.issued", 1, identity);
+    let read_by_the_chain = Relay::builder(pool()).handler(v3).upcast_json::<InvoiceIssued, _>(
+        "invoice.issued",
+        1,
+        identity,
+    );
     assert!(reason(read_by_the_chain).contains("reads versions 1 to 3 itself"));
     let shipped = |_: EventContext, _: InvoiceShipped| async { Ok::<_, HandlerError>(()) };
-    let gap = Relay::builder(pool())
-        .handler(shipped)
-        .upcast_json::<InvoiceShipped, _>("invoice.shipped", 1, identity);
+    let gap = Relay::builder(pool()).handler(shipped).upcast_json::<InvoiceShipped, _>(
+        "invoice.shipped",
+        1,
+        identity,
+    );
     assert!(reason(gap).contains("version 2 has no upcaster"));
     let twice = Relay::builder(pool())
         .handler(shipped)
@@ -489,7 +523,10 @@ fn every_event_type_has_the_json_schema_of_its_payload() {
         ]
     );
     let [item_added, checked_out] = [&schemas[0].schema, &schemas[1].schema];
-    assert_eq!(item_added["x-outbox"], json!({ "aggregate_type": "cart", "event_type": "cart.item_added", "version": 1 }));
+    assert_eq!(
+        item_added["x-outbox"],
+        json!({ "aggregate_type": "cart", "event_type": "cart.item_added", "version": 1 })
+    );
     assert_eq!(item_added["type"], "object");
     assert_eq!(item_added["required"], json!(["cart_id", "sku", "qty"]));
     // The variant's content, as its rows store it: renamed fields as serde writes them.

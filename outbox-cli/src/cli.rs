@@ -165,7 +165,8 @@ pub enum DeadCommand {
     /// Everything about one dead event: payload, headers, the full last error
     ///
     /// JSON: {"event_id": uuid, "aggregate_type": str, "aggregate_id": str, "event_type": str,
-    ///        "attempts": int, "expired_leases": int, "created_at": time, "dead_at": time,
+    ///        "event_version": int, "attempts": int, "expired_leases": int,
+    ///        "created_at": time, "dead_at": time,
     ///        "last_error": str|null, "headers": object, "payload": any}
     #[command(verbatim_doc_comment)]
     Show {

@@ -255,6 +255,7 @@ async fn dead_list_filters_pages_and_truncates(pool: PgPool) {
     let event = &report["events"][0];
     assert_eq!(event["last_error"], long_error.as_str());
     assert_eq!(event["attempts"], 10);
+    assert_eq!(event["event_version"], 1);
     assert_eq!(event["aggregate_id"], "agg-1");
     assert_eq!(event["payload"], json!({ "total_cents": 4200, "lines": [1, 2] }));
 
@@ -289,6 +290,7 @@ async fn dead_show_prints_everything(pool: PgPool) {
     assert_eq!(field(&text, "aggregate type"), "order");
     assert_eq!(field(&text, "event type"), "order.placed");
     assert_eq!(field(&text, "attempts"), "10");
+    assert_eq!(field(&text, "version"), "1");
     for line in error.lines() {
         assert!(text.contains(line), "{text}");
     }

@@ -99,11 +99,9 @@ pub fn user_bounds(generics: &Generics) -> impl Iterator<Item = &WherePredicate>
 /// `Ty: ::core::fmt::Display`, spanned so that rustc underlines the whole field type: the bound's
 /// path starts at the type's first token and ends at its last.
 fn display_bound(ty: &Type) -> TokenStream {
-    let mut tokens = ty.to_token_stream().into_iter();
-    let first = tokens.next().map_or_else(Span::call_site, |tt| tt.span());
-    let last = tokens.last().map_or(first, |tt| tt.span());
-    let head = quote_spanned!(first=> ::core::fmt);
-    let tail = quote_spanned!(last=> ::Display);
+    let at = At::of(ty);
+    let head = quote_spanned!(at.first=> ::core::fmt);
+    let tail = quote_spanned!(at.last=> ::Display);
     quote!(#ty: #head #tail)
 }
 

@@ -44,9 +44,10 @@ pub fn read_plain<E: OutboxEvent>(
 
 /// Converts a predecessor's value into its successor's; a failure names both versions.
 #[inline]
-pub fn upcast<P: OutboxEvent, E: OutboxEvent>(previous: P) -> Result<E, DecodeError>
+pub fn upcast<P, E>(previous: P) -> Result<E, DecodeError>
 where
-    E: TryFrom<P>,
+    P: OutboxEvent,
+    E: OutboxEvent + TryFrom<P>,
     E::Error: Into<BoxError>,
 {
     crate::relay::upcast(previous)

@@ -79,7 +79,9 @@ pub fn checks(
     let previous_event = quote_spanned!(span=> <#previous as #krate::OutboxEvent>);
     let entry = quote_spanned!(span=> #previous_event::EVENT_TYPES[0]);
     // The entry's checks only make sense, and only index safely, for a struct.
-    let one = quote_spanned!(span=> #previous_event::EVENT_TYPES.len() == 1);
+    let one = quote_spanned!(span=>
+        #previous_event::EVENT_TYPES.len() == 1 && !#previous_event::__FAMILY
+    );
     let rules = [
         fails_if(
             at,
@@ -165,6 +167,7 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("if version == 2 { return :: outbox_runtime :: __private :: decode :: < Self > (payload) ; }"), "{out}");
+        assert!(out.contains("if version > 2 { return :: core :: result :: Result :: Err (:: outbox_runtime :: __private :: unknown_version :: < Self > (event_type , version) ,) ; }"), "{out}");
         assert!(out.contains(&format!("{previous} :: __read (event_type , version , payload) ?")));
         assert!(out.contains("__private :: upcast :: < v1 :: OrderPlaced , Self > (previous)"));
         assert!(out.contains("__private :: assert_upcast :: < v1 :: OrderPlaced , OrderPlaced >"));
@@ -177,7 +180,7 @@ mod tests {
             struct OrderPlaced { #[outbox(id)] order_id: u64 }
         });
         let previous = "< OrderPlacedV4 as :: outbox_runtime :: OutboxEvent >";
-        let one = format!("{previous} :: EVENT_TYPES . len () == 1");
+        let one = format!("{previous} :: EVENT_TYPES . len () == 1 && ! {previous} :: __FAMILY");
         for check in [
             format!(
                 r#"! :: outbox_runtime :: __private :: str_eq ({previous} :: AGGREGATE_TYPE , "order")"#

@@ -26,8 +26,10 @@ pub fn expand(event: &Event, variants: &[Variant]) -> TokenStream {
     let mut checks = Vec::new();
     for (index, variant) in variants.iter().enumerate() {
         let Variant { ident: name, event_type, content } = variant;
-        let at = Literal::usize_unsuffixed(index);
-        types.push(quote!(Self::#name { .. } => &Self::EVENT_TYPES[#at]));
+        // The entry's index, and the variant's as serde numbers them: in declaration order, as
+        // `valid` refused the serde attributes that would leave a variant out.
+        let position = Literal::usize_unsuffixed(index);
+        types.push(quote!(Self::#name { .. } => &Self::EVENT_TYPES[#position]));
         match content {
             Content::Newtype(ty) => {
                 let inner = inner_event(&krate, ty);
@@ -41,9 +43,6 @@ pub fn expand(event: &Event, variants: &[Variant]) -> TokenStream {
             }
             Content::Struct { version, id } => {
                 let version = Literal::u32_unsuffixed(*version);
-                // serde numbers the variants in declaration order, and `valid` refused the
-                // serde attributes that would leave one out.
-                let serde_index = &at;
                 let member = id.ident;
                 entries.push(quote! {
                     #private::EventType::new(#event_type, #version, #version, #ordered)
@@ -54,7 +53,7 @@ pub fn expand(event: &Event, variants: &[Variant]) -> TokenStream {
                 payloads.push(quote!(Self::#name { .. } => #private::variant_payload(self)));
                 reads.push(quote! {
                     #event_type => if version == #version {
-                        #private::decode_variant::<Self>(#serde_index, payload)
+                        #private::decode_variant::<Self>(#position, payload)
                     } else {
                         ::core::result::Result::Err(#private::unknown_version::<Self>(event_type, version))
                     }
@@ -73,6 +72,7 @@ pub fn expand(event: &Event, variants: &[Variant]) -> TokenStream {
             {
                 const AGGREGATE_TYPE: &'static str = #aggregate;
                 const EVENT_TYPES: &'static [#private::EventType] = &[#(#entries,)*];
+                const __FAMILY: bool = true;
 
                 fn aggregate_id(&self) -> ::std::string::String {
                     match self {
@@ -131,7 +131,7 @@ fn newtype_checks(krate: &TokenStream, event: &Event, variant: &Variant, ty: &Ty
     let str_eq = quote_spanned!(span=> #krate::__private::str_eq);
     let entry = quote_spanned!(span=> #inner::EVENT_TYPES[0]);
     // The entry's checks only make sense, and only index safely, for a struct.
-    let one = quote_spanned!(span=> #inner::EVENT_TYPES.len() == 1);
+    let one = quote_spanned!(span=> #inner::EVENT_TYPES.len() == 1 && !#inner::__FAMILY);
     let ordered_rule = if ordered {
         format!(
             "`{name}` holds an unordered event in the ordered family `{family}`: `ordered` is a property of the family, mark the struct `ordered` too"

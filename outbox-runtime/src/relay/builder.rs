@@ -9,9 +9,7 @@ use sqlx::PgPool;
 use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute};
-use crate::relay::config::{
-    Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents,
-};
+use crate::relay::config::{Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents};
 use crate::relay::decode::{JsonUpcaster, JsonUpcasters};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
@@ -383,8 +381,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
 
         let mut routes: Routes<S> = HashMap::new();
-        let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> =
-            HashMap::new();
+        let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> = HashMap::new();
         for handler in self.handlers {
             let route: Arc<dyn Route<S>> = Arc::from(handler.route);
             for event_type in handler.event_types {
@@ -401,6 +398,10 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             }
         }
         let upcasters = json_upcasters(self.upcasters, &handled)?;
+        let newest_read = handled
+            .iter()
+            .map(|(&(a, e), &(event_type, _))| ((a.to_owned(), e.to_owned()), event_type.version()))
+            .collect();
 
         // The sink takes every leased row no handler takes: with `Forward::only`, the relay
         // leases just the handled and the forwarded types; without, it leases every type.
@@ -424,7 +425,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         let mut wakes_for: Vec<String> = types.event_types.clone();
         let mut forwarded_types = TypeVersions::default();
         for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
-            if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str())) {
+            if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str()))
+            {
                 return Err(BuildError::ForwardedAndHandled {
                     aggregate_type,
                     event_type,
@@ -462,6 +464,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             pool: self.pool,
             state: self.state,
             routes,
+            newest_read,
             upcasters: Arc::new(upcasters),
             fallback,
             sink,

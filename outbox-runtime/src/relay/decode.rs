@@ -147,8 +147,8 @@ pub(crate) fn read<E: OutboxEvent>(
     if version >= known.oldest_version() {
         return E::__read(event_type, version, payload);
     }
-    let mut value: Value =
-        serde_json::from_str(payload).map_err(|error| DecodeError::payload::<Value>(String::new(), &error))?;
+    let mut value: Value = serde_json::from_str(payload)
+        .map_err(|error| DecodeError::payload::<Value>(String::new(), &error))?;
     for from_version in version..known.oldest_version() {
         let key = (E::AGGREGATE_TYPE, known.name(), from_version);
         let Some(upcaster) = upcasters.0.get(&key) else {
@@ -196,9 +196,10 @@ pub(crate) fn unknown_event_type<E>(event_type: &str) -> DecodeError {
 }
 
 /// Converts the previous version's value into the next one's.
-pub(crate) fn upcast<P: OutboxEvent, E: OutboxEvent>(previous: P) -> Result<E, DecodeError>
+pub(crate) fn upcast<P, E>(previous: P) -> Result<E, DecodeError>
 where
-    E: TryFrom<P>,
+    P: OutboxEvent,
+    E: OutboxEvent + TryFrom<P>,
     E::Error: Into<BoxError>,
 {
     E::try_from(previous).map_err(|error| DecodeError {
@@ -317,7 +318,11 @@ impl<'de, D: de::Deserializer<'de>> de::VariantAccess<'de> for Content<D> {
         seed.deserialize(self.0)
     }
 
-    fn tuple_variant<V: de::Visitor<'de>>(self, len: usize, visitor: V) -> Result<V::Value, D::Error> {
+    fn tuple_variant<V: de::Visitor<'de>>(
+        self,
+        len: usize,
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
         self.0.deserialize_tuple(len, visitor)
     }
 

@@ -4,8 +4,10 @@
 //! Facade names, all labelled by `event_type`: counters `outbox_delivered_total`,
 //! `outbox_failed_total`, `outbox_retried_total`, `outbox_dead_total`; histograms
 //! `outbox_handler_duration_seconds` and `outbox_delivery_latency_seconds` (from `created_at`
-//! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead` and
-//! `outbox_oldest_pending_age_seconds`, refreshed every 15 s by a running relay.
+//! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead`,
+//! `outbox_oldest_pending_age_seconds` and `outbox_pending_newer_version` (rows of a handled
+//! type written at a newer version than the relay reads), refreshed every 15 s by a running
+//! relay.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -161,14 +163,36 @@ impl RelayMetrics {
     }
 }
 
-/// Sets the table-wide gauges from a fresh [`stats`](crate::stats) reading every 15 s.
+/// Sets the table-wide gauges from a fresh [`stats_by_type`](crate::stats_by_type) reading every
+/// 15 s. `newest_read` is the newest version this relay reads of each type it handles: pending
+/// rows of a newer version wait for another relay, and are counted apart.
 #[cfg(feature = "metrics")]
-pub(crate) async fn refresh_gauges(pool: sqlx::PgPool) {
+pub(crate) async fn refresh_gauges(
+    pool: sqlx::PgPool,
+    newest_read: std::collections::HashMap<(String, String), u32>,
+) {
     let mut every = tokio::time::interval(Duration::from_secs(15));
     loop {
         every.tick().await;
-        match crate::stats(&pool).await {
-            Ok(stats) => {
+        match crate::stats_by_type(&pool).await {
+            Ok(by_type) => {
+                let waiting: i64 = by_type
+                    .iter()
+                    .filter(|t| {
+                        let key = (t.aggregate_type.clone(), t.event_type.clone());
+                        newest_read.get(&key).is_some_and(|&newest| t.version > newest)
+                    })
+                    .map(|t| t.pending)
+                    .sum();
+                if waiting > 0 {
+                    tracing::warn!(
+                        waiting,
+                        "outbox events of a newer version than this relay reads are waiting \
+                         for a relay that reads them"
+                    );
+                }
+                metrics::gauge!("outbox_pending_newer_version").set(waiting as f64);
+                let stats = crate::OutboxStats::total(&by_type);
                 metrics::gauge!("outbox_pending").set(stats.pending as f64);
                 metrics::gauge!("outbox_dead").set(stats.dead as f64);
                 let age = stats.oldest_pending_age.unwrap_or_default().as_secs_f64();

@@ -5,7 +5,8 @@
 //!   plan decided in `builder.rs`, sized by `pace.rs`; `held.rs` records each row's lease and
 //!   its deadline, and the row is queued as a `Delivery`.
 //! - `deliver.rs`: when a handler slot is free the delivery starts, if its lease is still valid;
-//!   `decode.rs` turns the payload into the handler's type, `handler.rs` (or `transactional.rs`
+//!   `decode.rs` reads the payload as the handler's type from its stored version (JSON
+//!   upcasters, then the type's `upcast_from` chain), `handler.rs` (or `transactional.rs`
 //!   for a handler that writes in the acknowledgement's transaction) calls the handler, and the
 //!   delivery is cancelled if its lease's deadline passes first.
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
@@ -70,6 +71,9 @@ pub struct Relay<S = ()> {
     pool: PgPool,
     state: S,
     routes: Routes<S>,
+    /// The newest version each handler reads, by `(aggregate_type, event_type)`.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    newest_read: HashMap<(String, String), u32>,
     /// JSON upcasters for versions older than the handlers' types read.
     upcasters: Arc<JsonUpcasters>,
     /// Where rows go that no handler takes, when the relay forwards every other type.
@@ -160,7 +164,10 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             chores.push(AbortOnDrop::spawn(purge));
         }
         #[cfg(feature = "metrics")]
-        chores.push(AbortOnDrop::spawn(metrics::refresh_gauges(pool.clone())));
+        {
+            let newest_read = self.newest_read.clone();
+            chores.push(AbortOnDrop::spawn(metrics::refresh_gauges(pool.clone(), newest_read)));
+        }
         chores
     }
 

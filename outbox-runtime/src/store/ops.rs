@@ -20,6 +20,8 @@ pub struct DeadEvent {
     pub aggregate_id: String,
     /// The event type.
     pub event_type: String,
+    /// The version the payload was written at.
+    pub event_version: i32,
     /// The payload as stored.
     pub payload: serde_json::Value,
     /// The headers as stored.
@@ -97,8 +99,8 @@ pub(super) fn dead_query<'q>(
     limit: i64,
 ) -> Rows<'q, DeadEvent> {
     sqlx::query_as(concat!(
-        "SELECT event_id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, \
-                dead_at, attempts, expired_leases, last_error \
+        "SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
+                headers, created_at, dead_at, attempts, expired_leases, last_error \
          FROM outbox.events WHERE ",
         dead_rows!(),
         " AND ($4::uuid IS NULL OR event_id > $4) ORDER BY event_id LIMIT $5"
