@@ -2,12 +2,14 @@
 --
 -- Three roles. Their names here are placeholders: replace `outbox_owner`, `outbox_app` and
 -- `outbox_relay` throughout with yours (tests/privileges.rs runs this file with unique names
--- substituted, against PostgreSQL 15, and proves every claim below).
+-- substituted, against PostgreSQL 15, and proves every claim below; tests/sql_producers.rs those
+-- about `outbox.emit`).
 --
 --   outbox_owner  owns the `outbox` schema and runs `outbox_runtime::migrate` (or `outbox migrate`)
 --                 at deploy time. Not a superuser.
 --   outbox_app    your application's role: `emit`, `emit_with`, `emit_all` inside its own
---                 transactions. It keeps whatever it already has on its own tables.
+--                 transactions, and `outbox.emit(...)` from SQL (triggers, other languages).
+--                 It keeps whatever it already has on its own tables.
 --   outbox_relay  runs `Relay` (deliver, retry, dead letters, `RelayBuilder::retention`) and the
 --                 operations: `dead_letters::{list, get, requeue, discard}`, `purge_published`,
 --                 `stats`, `stats_by_type`, and the `outbox` CLI's commands other than `migrate`.
@@ -26,6 +28,11 @@
 --     lookup after a duplicate key reads the same three columns. So the application needs
 --     SELECT on those three columns (batches need them even without idempotency keys), and on
 --     nothing else: it cannot read payloads, headers or aggregate ids.
+--   * `outbox.emit(...)` is SECURITY INVOKER: it runs the same INSERT (and lookup) with the
+--     caller's rights, so it needs the grants above plus EXECUTE on itself and on
+--     `outbox.uuid_v7()`, which makes its ids and those of rows inserted without `event_id`.
+--     PUBLIC may execute both by default. Called from a trigger function of yours (SECURITY
+--     INVOKER, the default), it runs as the role whose statement fired the trigger.
 --   * `seq` is an identity column: inserting draws from its sequence without any privilege on
 --     it, so there is no GRANT on `outbox.events_seq_seq`.
 --   * The insert trigger's function `outbox.notify_relays()` is not checked for EXECUTE when the
@@ -73,6 +80,9 @@ GRANT INSERT (event_id, aggregate_type, aggregate_id, event_type, payload, heade
               available_at, ordered, idempotency_key, event_version)
     ON outbox.events TO outbox_app;
 GRANT SELECT (event_id, aggregate_type, idempotency_key) ON outbox.events TO outbox_app;
+-- Emit from SQL. PUBLIC may execute functions by default: granting it explicitly keeps the
+-- application working in a database that revoked that.
+GRANT EXECUTE ON FUNCTION outbox.emit, outbox.uuid_v7() TO outbox_app;
 
 -- The relay: read events, update their delivery bookkeeping, delete published (retention) and
 -- dead (discard) ones. No INSERT: a relay whose transactional handlers emit follow-up events

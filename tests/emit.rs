@@ -254,18 +254,18 @@ async fn migrate_is_idempotent_and_concurrent_safe(pool: PgPool) {
 
 /// The outbox's migrations as the runtime embeds them: `with_outbox_migrations` appends them to
 /// an application's (here the fixture's), which are taken off again. Checked against the files
-/// in `migrations/`, so that an empty list cannot pass for "all of them".
+/// in `outbox-runtime/migrations/`, so that an empty list cannot pass for "all of them".
 async fn outbox_migrations() -> Vec<Migration> {
     let app = sqlx::migrate!("fixtures/app_migrations");
     let combined = outbox_runtime::with_outbox_migrations(&app).await.unwrap();
     let mut outbox: Vec<Migration> =
         combined.iter().filter(|m| app.iter().all(|a| a.version != m.version)).cloned().collect();
     outbox.sort_by_key(|m| m.version);
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations"))
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../outbox-runtime/migrations"))
         .unwrap()
         .filter(|entry| entry.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
         .count();
-    assert_eq!(outbox.len(), files, "one embedded migration per file in migrations/");
+    assert_eq!(outbox.len(), files, "one embedded migration per file in outbox-runtime/migrations/");
     outbox
 }
 

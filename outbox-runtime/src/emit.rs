@@ -22,6 +22,11 @@ use crate::{json, store};
 /// `-0.0` comes back as `0.0` (`jsonb` numbers have no negative zero; equal by `==`), and a whole
 /// float from 1e16 up held in a `serde_json::Value` comes back as an integer `Number`.
 ///
+/// With the `opentelemetry` feature, every emit stores the OpenTelemetry context of the current
+/// `tracing` span (bridged by `tracing-opentelemetry`) as the W3C headers `traceparent` and
+/// `tracestate`, unless [`EmitOptions::header`] set either; the relay's delivery span continues
+/// that trace.
+///
 /// ```no_run
 /// # use outbox_runtime::OutboxEvent;
 /// # use serde::{Deserialize, Serialize};
@@ -75,6 +80,13 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     events: impl IntoIterator<Item = &'e E>,
     options: EmitOptions,
 ) -> Result<Vec<Uuid>, Error> {
+    // Read here, in the caller's span, before anything is awaited.
+    #[cfg(feature = "opentelemetry")]
+    let options = {
+        let mut options = options;
+        crate::otel::store_current_context(&mut options.headers);
+        options
+    };
     let mut headers = None;
     let mut rows = store::NewEvents::default();
     for event in events {
@@ -147,6 +159,8 @@ impl EmitOptions {
 
     /// Adds a header (request id, tenant, trace context...), stored in the `headers` column and
     /// handed to handlers in `EventContext`. A later value for the same name replaces the earlier.
+    /// A `traceparent` or `tracestate` set here replaces the trace context that the
+    /// `opentelemetry` feature would store.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
         self.headers.insert(name.into(), value.into());
         self

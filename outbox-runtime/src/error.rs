@@ -25,6 +25,18 @@ pub enum Error {
     #[error("the forwarding sink is not ready")]
     Sink(#[source] crate::forward::SinkError),
 
+    /// The relay's connections do not keep their session between transactions: they go through
+    /// a pooler in transaction or statement mode, such as PgBouncer with
+    /// `pool_mode = transaction`. The relay's session settings and LISTEN would apply to
+    /// whichever server connection ran them, and its statements could run as other clients'.
+    /// Checked when the relay starts, before it leases anything.
+    #[error(
+        "the relay's connections do not keep their session: they go through a pooler in \
+         transaction or statement mode (such as PgBouncer with `pool_mode = transaction`); \
+         connect the relay directly to PostgreSQL, or through a session-mode pool"
+    )]
+    TransactionPooling,
+
     /// An event could not be stored; nothing was written.
     #[error("cannot emit `{event_type}` event")]
     InvalidEvent {

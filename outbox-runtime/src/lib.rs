@@ -22,12 +22,15 @@ mod event;
 pub mod forward;
 mod json;
 mod migrate;
+mod otel;
 mod relay;
 mod retention;
 #[cfg(feature = "schemars")]
 mod schema;
 mod stats;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
 pub use error::{BoxError, Error, InvalidEvent};

@@ -9,8 +9,9 @@ use sqlx::PgPool;
 use crate::error::Error;
 use crate::store;
 
-/// The outbox migrations (`migrations/` at the repository root), embedded at compile time.
-static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+/// The outbox migrations (`migrations/` in this package, so the published crate has them),
+/// embedded at compile time.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// Creates or upgrades the outbox schema: the `outbox` schema, its `outbox.events` table,
 /// indexes and notify trigger. Safe to call at every start-up and from several processes at

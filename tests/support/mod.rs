@@ -5,6 +5,7 @@ pub mod accounts;
 mod db;
 pub mod forwarding;
 pub mod nats;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;

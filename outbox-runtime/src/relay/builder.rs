@@ -475,6 +475,22 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     }
 }
 
+#[cfg(feature = "testing")]
+impl<S> RelayBuilder<S> {
+    /// For `testing::drain`: test speeds for the poll interval and the backoff, where the caller
+    /// left them at their defaults (one who set a default explicitly gets the test value too).
+    pub(crate) fn or_test_speeds(mut self, poll_interval: Duration, backoff: Backoff) -> Self {
+        let defaults = RelayConfig::default();
+        if self.config.poll_interval == defaults.poll_interval {
+            self.config.poll_interval = poll_interval;
+        }
+        if self.config.backoff == defaults.backoff {
+            self.config.backoff = backoff;
+        }
+        self
+    }
+}
+
 /// The JSON upcasters by the version they read, each checked to run for some handler: one per
 /// version, below the oldest version the handler's type reads, and reaching it without a gap.
 fn json_upcasters(

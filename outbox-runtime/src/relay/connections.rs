@@ -1,16 +1,44 @@
 //! The relay's own connections, apart from the builder's pool: handlers busy on that pool (or
 //! starved by it) cannot delay a lease renewal past its deadline.
+//!
+//! They must each keep one session for their lifetime: the statements rely on the session's
+//! settings ([`store::RELAY_SESSION`]) and on prepared statements, and the listener on LISTEN.
+//! A pooler in transaction (or statement) mode, such as PgBouncer with
+//! `pool_mode = transaction`, lends a server connection for one transaction only, so a session
+//! setting lands on whichever server connection ran it (and then applies to another client's
+//! transactions there), and a statement prepared outside a transaction can be bound on another
+//! server connection, to another client's statement of the same name. So before opening them
+//! the relay checks ([`check_sessions`]) that the connections its connect options make keep
+//! their session, and refuses to start with [`Error::TransactionPooling`] otherwise.
 
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Executor, PgPool};
+use std::time::Duration;
 
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+
+use crate::error::Error;
 use crate::store;
+
+/// The backend serving a connection. Sent as a simple query, which through any pooler runs as
+/// one message on one server connection (a prepared statement's parse and execution could
+/// land on two).
+const BACKEND_PID: &str = "SELECT pg_backend_pid()";
+
+/// Rounds of the check. A pooler that hands server connections round lends the first
+/// connection's backend to the second, or a new one to the first, in the first round, whether it
+/// reuses the last one released (PgBouncer's default) or the oldest (`server_round_robin`);
+/// the others are for pools busy with other clients' transactions.
+const CHECK_ROUNDS: usize = 3;
+
+/// How long the check may take: it connects twice and runs a dozen trivial statements, but a
+/// connection attempt to an unreachable host can hang for minutes.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) struct Connections {
     /// The lease statement's, the drain's bound.
     pub(crate) lease: PgPool,
     /// Acknowledgements and renewals (up to four at once), retention, gauges, wake-up
-    /// registrations.
+    /// registrations and the listener's check.
     pub(crate) relay: PgPool,
     /// LISTEN for new events.
     pub(crate) listen: PgPool,
@@ -23,10 +51,11 @@ impl Connections {
     /// statement (sqlx's default): it doubles the round trips of the lease, and a broken
     /// connection fails the statement anyway, which the relay retries. Every statement reuses
     /// one plan made to be safe whatever the table's statistics ([`store::RELAY_SESSION`]), set
-    /// after connecting: poolers such as PgBouncer refuse such startup options.
+    /// after connecting: poolers such as PgBouncer refuse such startup options. The LISTEN
+    /// connection runs no statement but LISTEN, so it needs no settings.
     pub(crate) fn open(pool: &PgPool) -> Self {
-        let open = |connections, name| {
-            let options = (*pool.connect_options()).clone().application_name(name);
+        let options = |name| (*pool.connect_options()).clone().application_name(name);
+        let statements = |connections, name| {
             PgPoolOptions::new()
                 .max_connections(connections)
                 .test_before_acquire(false)
@@ -36,12 +65,15 @@ impl Connections {
                         Ok(())
                     })
                 })
-                .connect_lazy_with(options)
+                .connect_lazy_with(options(name))
         };
         Connections {
-            lease: open(1, "outbox-relay-lease"),
-            relay: open(4, "outbox-relay"),
-            listen: open(1, "outbox-relay-listen"),
+            lease: statements(1, "outbox-relay-lease"),
+            relay: statements(4, "outbox-relay"),
+            listen: PgPoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect_lazy_with(options("outbox-relay-listen")),
         }
     }
 
@@ -50,4 +82,71 @@ impl Connections {
         self.lease.close().await;
         self.relay.close().await;
     }
+}
+
+/// Waits until it can tell whether connections made with `pool`'s connect options keep their
+/// session; [`Error::TransactionPooling`] if they do not. While the database cannot be reached
+/// it retries, as the relay does every statement.
+pub(crate) async fn check_sessions(pool: &PgPool) -> Result<(), Error> {
+    let options = (*pool.connect_options()).clone().application_name("outbox-relay-check");
+    let mut retry = Duration::from_millis(100);
+    loop {
+        match tokio::time::timeout(CHECK_TIMEOUT, sessions_kept(&options)).await {
+            Ok(Ok(true)) => return Ok(()),
+            Ok(Ok(false)) => return Err(Error::TransactionPooling),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, retry_in = ?retry, "cannot check the outbox relay's connections")
+            }
+            Err(_) => tracing::warn!(
+                retry_in = ?retry,
+                "cannot check the outbox relay's connections: no answer within {CHECK_TIMEOUT:?}"
+            ),
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Whether two connections kept one backend each. In a session they cannot share one, and
+/// neither can change its own; a pooler in transaction mode lends a backend per transaction,
+/// so within a few rounds the second gets the first's (which the first released), or the first
+/// a new one. Only the backends' ids are compared: nothing is set, so nothing is left behind on
+/// a server connection other clients go on to use.
+async fn sessions_kept(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+    let mut first = PgConnection::connect_with(options).await?;
+    let mut second = match PgConnection::connect_with(options).await {
+        Ok(second) => second,
+        Err(error) => {
+            let _ = first.close().await;
+            return Err(error);
+        }
+    };
+    let kept = async {
+        for _ in 0..CHECK_ROUNDS {
+            let before = backend(&mut first).await?;
+            let other = backend(&mut second).await?;
+            let after = backend(&mut first).await?;
+            let again = backend(&mut first).await?;
+            if other == before || after != before || again != before {
+                tracing::debug!(
+                    before,
+                    other,
+                    after,
+                    again,
+                    "the outbox relay's connections change backends between transactions"
+                );
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+    .await;
+    // Best effort: the connections are dropped either way.
+    let _ = first.close().await;
+    let _ = second.close().await;
+    kept
+}
+
+async fn backend(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+    conn.fetch_one(BACKEND_PID).await?.try_get(0)
 }

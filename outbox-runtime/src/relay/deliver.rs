@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
+use crate::otel;
 use crate::relay::acker::{Ack, Outcome};
 use crate::relay::context::RowMeta;
 use crate::relay::decode::JsonUpcasters;
@@ -67,15 +68,7 @@ impl<S> Delivery<S> {
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         // Delivery attempts: failed deliveries and expired leases before this one, plus one.
         let attempt = earlier_failures + u32::try_from(row.expired_leases).unwrap_or(0) + 1;
-        let span = tracing::info_span!(
-            "outbox.deliver",
-            event_id = %row.event_id,
-            aggregate_type = %row.aggregate_type,
-            aggregate_id = %row.aggregate_id,
-            event_type = %row.event_type,
-            attempt,
-            traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
-        );
+        let span = otel::delivery_span(&row, attempt);
         let event_type = row.event_type.clone();
         let started = std::time::Instant::now();
         let delivery_lease = DeliveryLease { pool, lease: lease.clone() };

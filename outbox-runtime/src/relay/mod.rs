@@ -12,9 +12,9 @@
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
 //!   a batch with one statement per kind (`store::publish`, `fail`, `release`), and the row is
 //!   settled (leaves `held.rs`); between writes the acknowledger renews every held lease.
-//! - Around them: `connections.rs` (the relay's own connections), `idle.rs` and `listener.rs`
-//!   (waiting for work), `config.rs` (settings), `metrics.rs` (counts), `context.rs` (what a
-//!   handler sees).
+//! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
+//!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
+//!   `metrics.rs` (counts), `context.rs` (what a handler sees).
 
 mod acker;
 mod builder;
@@ -51,6 +51,8 @@ pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, NewerVersions, UnknownEvents};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
+#[cfg(feature = "testing")]
+pub(crate) use decode::read;
 pub use decode::DecodeError;
 pub(crate) use decode::{
     decode, decode_variant, read_plain, unknown_event_type, unknown_version, upcast, JsonUpcasters,
@@ -106,6 +108,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// returns what it did.
     ///
     /// Database errors are logged and retried, never fatal, except a missing outbox schema.
+    /// Before anything else it checks that its connections keep their session: through a pooler
+    /// in transaction mode it returns [`Error::TransactionPooling`] without leasing anything.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> Result<(), outbox_runtime::Error> {
@@ -118,14 +122,24 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         if let Some(sink) = &self.sink {
             sink.check().await.map_err(Error::Sink)?;
         }
+        // Nothing runs on the relay's connections before they are known to keep their session.
+        let mut shutdown = std::pin::pin!(shutdown);
+        tokio::select! {
+            checked = connections::check_sessions(&self.pool) => checked?,
+            () = &mut shutdown => return Ok(self.metrics.counts()),
+        }
         let connections = Connections::open(&self.pool);
         let wake = Arc::new(Notify::new());
         let held = Held::new(config.lease_timeout);
         let (acks, acks_rx) = mpsc::unbounded_channel();
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
-        let listener =
-            AbortOnDrop::spawn(listener::listen(connections.listen.clone(), wake.clone()));
+        let listener = AbortOnDrop::spawn(listener::listen(
+            connections.listen.clone(),
+            connections.relay.clone(),
+            wake.clone(),
+            config.poll_interval,
+        ));
         let mut acker = AbortOnDrop::spawn(
             Acker {
                 pool: connections.relay.clone(),
@@ -176,6 +190,18 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     fn route(&self, row: &LeasedEvent) -> Option<Arc<dyn Route<S>>> {
         let handler = self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str()));
         handler.or(self.fallback.as_ref()).cloned()
+    }
+}
+
+/// What `testing::drain` reads to tell when the relay has nothing left to deliver soon.
+#[cfg(feature = "testing")]
+impl<S> Relay<S> {
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub(crate) fn lease_plan(&self) -> &LeasePlan {
+        &self.plan.lease
     }
 }
 

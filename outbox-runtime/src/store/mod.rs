@@ -1,4 +1,4 @@
-//! Every SQL statement of the crate, next to the schema in `migrations/` it is tuned for (the
+//! Every SQL statement of the crate, next to the schema in `outbox-runtime/migrations/` it is tuned for (the
 //! migrations themselves run through sqlx's migrator, in `migrate.rs`).
 //!
 //! Values are always bound, never formatted into SQL. Statements that touch many rows take
@@ -17,6 +17,8 @@ mod lease;
 mod ops;
 mod schema;
 mod sleepers;
+#[cfg(feature = "testing")]
+pub(crate) mod testing;
 
 pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
@@ -74,7 +76,7 @@ mod tests {
     }
 
     /// `(highest $N in its SQL, values bound)` of a built statement.
-    fn parameters<'q>(mut query: impl Execute<'q, Postgres>) -> (usize, usize) {
+    pub(super) fn parameters<'q>(mut query: impl Execute<'q, Postgres>) -> (usize, usize) {
         let named = highest_parameter(query.sql());
         let bound = query.take_arguments().unwrap().map_or(0, |arguments| arguments.len());
         (named, bound)
