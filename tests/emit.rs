@@ -261,11 +261,16 @@ async fn outbox_migrations() -> Vec<Migration> {
     let mut outbox: Vec<Migration> =
         combined.iter().filter(|m| app.iter().all(|a| a.version != m.version)).cloned().collect();
     outbox.sort_by_key(|m| m.version);
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../outbox-runtime/migrations"))
-        .unwrap()
-        .filter(|entry| entry.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
-        .count();
-    assert_eq!(outbox.len(), files, "one embedded migration per file in outbox-runtime/migrations/");
+    let files =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../outbox-runtime/migrations"))
+            .unwrap()
+            .filter(|entry| entry.as_ref().unwrap().path().extension() == Some("sql".as_ref()))
+            .count();
+    assert_eq!(
+        outbox.len(),
+        files,
+        "one embedded migration per file in outbox-runtime/migrations/"
+    );
     outbox
 }
 

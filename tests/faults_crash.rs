@@ -191,7 +191,7 @@ async fn prepare(pool: &PgPool, events: u64) -> Vec<Uuid> {
 
 async fn count(pool: &PgPool, condition: &str) -> u64 {
     let sql = format!("SELECT count(*) FROM outbox.events WHERE {condition}");
-    let n: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap();
+    let n: i64 = sqlx::query_scalar(sqlx::static_sql(sql)).fetch_one(pool).await.unwrap();
     n as u64
 }
 

@@ -871,7 +871,9 @@ impl Server {
     /// Runs `ops` against a fresh, migrated database, dropped afterwards whatever the outcome.
     async fn run(&self, settings: Settings, ops: &[Op]) -> Result<Coverage, Failure> {
         let name = format!("model_{}", Uuid::new_v4().simple());
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&self.admin).await?;
+        sqlx::query(sqlx::static_sql(format!("CREATE DATABASE {name}")))
+            .execute(&self.admin)
+            .await?;
         let outcome = async {
             let pool = PgPoolOptions::new()
                 .max_connections(2)
@@ -890,7 +892,9 @@ impl Server {
             outcome.map(|()| harness.coverage)
         }
         .await;
-        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&self.admin).await?;
+        sqlx::query(sqlx::static_sql(format!("DROP DATABASE {name} WITH (FORCE)")))
+            .execute(&self.admin)
+            .await?;
         outcome
     }
 }

@@ -84,7 +84,8 @@ async fn explain(conn: &mut PgConnection, statement: &Statement) -> serde_json::
         "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})",
         statement.name, statement.measured
     );
-    let plan: serde_json::Value = sqlx::query_scalar(&sql).fetch_one(&mut *tx).await.unwrap();
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::static_sql(sql)).fetch_one(&mut *tx).await.unwrap();
     tx.rollback().await.unwrap();
     plan
 }
@@ -156,13 +157,13 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     for statement in &statements {
         let prepare =
             format!("PREPARE {}({}) AS {}", statement.name, statement.parameters, statement.sql);
-        sqlx::raw_sql(&prepare).execute(&mut relay).await.unwrap();
+        sqlx::raw_sql(sqlx::static_sql(prepare)).execute(&mut relay).await.unwrap();
         let first = format!("EXECUTE {}({})", statement.name, statement.first);
-        sqlx::raw_sql(&first).execute(&mut relay).await.unwrap();
+        sqlx::raw_sql(sqlx::static_sql(first)).execute(&mut relay).await.unwrap();
     }
     for (name, sql, parameters) in on_held {
         let conn = if name == "publish_one" { &mut handler } else { &mut relay };
-        sqlx::raw_sql(&format!("PREPARE {name}({parameters}) AS {sql}"))
+        sqlx::raw_sql(sqlx::static_sql(format!("PREPARE {name}({parameters}) AS {sql}")))
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -176,7 +177,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         if name == "publish_one" {
             sqlx::raw_sql(publish_one_local).execute(&mut *tx).await.unwrap();
         }
-        sqlx::raw_sql(&format!("EXECUTE {name}({first})")).execute(&mut *tx).await.unwrap();
+        let execute = sqlx::static_sql(format!("EXECUTE {name}({first})"));
+        sqlx::raw_sql(execute).execute(&mut *tx).await.unwrap();
         tx.commit().await.unwrap();
     }
 
@@ -246,10 +248,10 @@ const LEASE: &str =
     "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', '{1}')";
 
 async fn prepare_lease(conn: &mut sqlx::PgConnection) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::static_sql(format!(
         "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[], int[]) AS {}",
         hooks::LEASE
-    ))
+    )))
     .execute(conn)
     .await
     .unwrap();
@@ -260,11 +262,12 @@ async fn prepare_lease(conn: &mut sqlx::PgConnection) {
 async fn lease_buffers(pool: &PgPool) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     prepare_lease(&mut conn).await;
-    let plan: serde_json::Value =
-        sqlx::query_scalar(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {LEASE}"))
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::static_sql(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {LEASE}"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
     // The connection goes back to the pool, where the next call may get it again.
     sqlx::query("DEALLOCATE lease").execute(&mut *conn).await.unwrap();
     let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");

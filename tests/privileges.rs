@@ -78,7 +78,8 @@ impl Roles {
 
     async fn run_step(&self, pool: &PgPool, name: &str) {
         let sql = self.step(name);
-        sqlx::raw_sql(&sql).execute(pool).await.unwrap_or_else(|e| panic!("step {name}: {e}"));
+        let sql = sqlx::static_sql(sql);
+        sqlx::raw_sql(sql).execute(pool).await.unwrap_or_else(|e| panic!("step {name}: {e}"));
     }
 
     /// A pool logged in as `role` (trust authentication: only the user name changes).
@@ -106,7 +107,7 @@ impl Drop for Roles {
                     "REASSIGN OWNED BY {names} TO CURRENT_USER; DROP OWNED BY {names}; \
                      DROP ROLE {names};"
                 );
-                sqlx::raw_sql(&sql).execute(&mut conn).await?;
+                sqlx::raw_sql(sqlx::static_sql(sql)).execute(&mut conn).await?;
                 conn.close().await?;
                 Ok::<_, sqlx::Error>(())
             })?;
@@ -160,7 +161,7 @@ fn assert_op_denied<T: std::fmt::Debug>(what: &str, result: Result<T, Error>) {
     }
 }
 
-async fn execute(pool: &PgPool, sql: &str) -> Result<u64, sqlx::Error> {
+async fn execute(pool: &PgPool, sql: &'static str) -> Result<u64, sqlx::Error> {
     sqlx::query(sql).execute(pool).await.map(|done| done.rows_affected())
 }
 
@@ -363,7 +364,7 @@ async fn insert_row(pool: &PgPool, columns: &str, values: &str) -> Uuid {
                  jsonb_build_object('order_id', gen_random_uuid(), 'total_cents', 1), {values}) \
          RETURNING event_id"
     );
-    sqlx::query_scalar(&sql).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar(sqlx::static_sql(sql)).fetch_one(pool).await.unwrap()
 }
 
 #[sqlx::test(migrations = false)]

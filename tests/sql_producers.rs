@@ -60,7 +60,7 @@ async fn sql_keyed(conn: &mut PgConnection, key: &str, n: u32) -> Uuid {
 }
 
 /// The SQLSTATE and message `sql` fails with.
-async fn refusal(pool: &PgPool, sql: &str) -> (String, String) {
+async fn refusal(pool: &PgPool, sql: &'static str) -> (String, String) {
     match sqlx::query(sql).execute(pool).await {
         Err(sqlx::Error::Database(error)) => {
             (error.code().unwrap_or_default().into_owned(), error.message().to_owned())
@@ -69,7 +69,7 @@ async fn refusal(pool: &PgPool, sql: &str) -> (String, String) {
     }
 }
 
-async fn execute(pool: &PgPool, sql: &str) {
+async fn execute(pool: &PgPool, sql: &'static str) {
     sqlx::query(sql).execute(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
@@ -452,9 +452,9 @@ async fn emit_refuses_what_the_rust_emit_refuses(pool: PgPool) {
         ),
     ];
     for (args, message) in cases {
-        let sql = format!("SELECT outbox.emit({args})");
+        let sql = sqlx::static_sql(format!("SELECT outbox.emit({args})"));
         let expected = (INVALID.to_owned(), format!("outbox.emit: {message}"));
-        assert_eq!(refusal(&pool, &sql).await, expected, "{sql}");
+        assert_eq!(refusal(&pool, sql).await, expected, "{sql}");
     }
     assert_eq!(count_rows(&pool).await, 0, "a refused emit writes nothing");
 
@@ -659,7 +659,10 @@ impl Roles {
             .replace("outbox_owner", &roles.owner)
             .replace("outbox_app", &roles.app)
             .replace("outbox_relay", &roles.relay);
-        sqlx::raw_sql(&script).execute(pool).await.expect("the grants script runs");
+        sqlx::raw_sql(sqlx::static_sql(script))
+            .execute(pool)
+            .await
+            .expect("the grants script runs");
         roles
     }
 
@@ -681,7 +684,7 @@ impl Drop for Roles {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async move {
                 let mut conn = PgConnection::connect_with(&admin).await?;
-                sqlx::raw_sql(&sql).execute(&mut conn).await?;
+                sqlx::raw_sql(sqlx::static_sql(sql)).execute(&mut conn).await?;
                 conn.close().await
             })?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
@@ -704,7 +707,8 @@ async fn the_app_role_emits_from_sql_with_the_documented_grants(pool: PgPool) {
     sqlx::raw_sql(ORDERS).execute(&pool).await.unwrap();
     let roles = Roles::create(&pool).await;
     // The business table is the application's own.
-    execute(&pool, &format!("GRANT INSERT, UPDATE, SELECT ON orders TO \"{}\"", roles.app)).await;
+    let grant = format!("GRANT INSERT, UPDATE, SELECT ON orders TO \"{}\"", roles.app);
+    execute(&pool, sqlx::static_sql(grant)).await;
 
     let app = roles.pool_as(&pool, &roles.app).await;
     let plain: Uuid = sqlx::query_scalar(

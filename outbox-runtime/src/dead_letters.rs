@@ -1,6 +1,7 @@
 //! Dead letters: events that exhausted their attempts. List, inspect, requeue, discard.
 //!
 //! ```no_run
+//! # use outbox_runtime::sqlx;
 //! use outbox_runtime::dead_letters::{self, DeadFilter};
 //! # async fn ops(pool: sqlx::PgPool) -> Result<(), outbox_runtime::Error> {
 //! let stuck = dead_letters::list(&pool, &DeadFilter::all().event_type("order.placed"), None, 50).await?;

@@ -28,6 +28,7 @@ use crate::{json, store};
 /// that trace.
 ///
 /// ```no_run
+/// # use outbox_runtime::sqlx;
 /// # use outbox_runtime::OutboxEvent;
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Serialize, Deserialize, OutboxEvent)]

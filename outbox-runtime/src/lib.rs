@@ -15,6 +15,22 @@
 //! relays deliver it), is what the relay's leases and fencing tokens fix.
 #![warn(missing_docs)]
 
+// The driver seam: the whole crate names `sqlx`, which is whichever version the features chose.
+// Both versions accept every statement and type this crate uses, so there is one copy of the
+// SQL and of the relay.
+/// The sqlx this crate is built on (0.8, or 0.9 with the feature `sqlx-0-9`), for callers who
+/// want to be sure their transaction type is the one `emit` takes.
+#[cfg(all(feature = "sqlx-0-8", not(feature = "sqlx-0-9")))]
+pub extern crate sqlx_0_8 as sqlx;
+/// The sqlx this crate is built on (0.8, or 0.9 with the feature `sqlx-0-9`), for callers who
+/// want to be sure their transaction type is the one `emit` takes.
+#[cfg(feature = "sqlx-0-9")]
+pub extern crate sqlx_0_9 as sqlx;
+#[cfg(not(any(feature = "sqlx-0-8", feature = "sqlx-0-9")))]
+compile_error!(
+    "outbox-runtime needs a sqlx: enable the feature `sqlx-0-8` (default) or `sqlx-0-9`"
+);
+
 pub mod dead_letters;
 mod emit;
 mod error;
@@ -47,10 +63,6 @@ pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};
 
 /// Derives [`OutboxEvent`] for a serde struct; see the trait for the attributes.
 pub use outbox_macros::OutboxEvent;
-
-/// The sqlx this crate is built on (0.8), for callers who want to be sure their transaction
-/// type is the one `emit` takes.
-pub use sqlx;
 
 #[doc(hidden)]
 #[path = "private.rs"]

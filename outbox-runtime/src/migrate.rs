@@ -23,6 +23,7 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// through your own migrator and history instead, see [`with_outbox_migrations`].
 ///
 /// ```no_run
+/// # use outbox_runtime::sqlx;
 /// # use sqlx::migrate::Migrator;
 /// # async fn start(pool: sqlx::PgPool, app: Migrator) -> Result<(), Box<dyn std::error::Error>> {
 /// app.run(&pool).await?; // your own `sqlx::migrate!()`, as before
@@ -46,6 +47,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 /// migrator. Use it instead of [`migrate`], not beside it.
 ///
 /// ```no_run
+/// # use outbox_runtime::sqlx;
 /// # async fn start(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// # let app: sqlx::migrate::Migrator = unimplemented!(); // your `sqlx::migrate!()`
 /// outbox_runtime::with_outbox_migrations(&app).await?.run(&pool).await?;

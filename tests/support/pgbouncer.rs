@@ -40,7 +40,7 @@ impl PoolMode {
 
     /// Few server connections in transaction mode, so concurrent clients share them; enough in
     /// session mode for a relay's six connections, its start-up check and the test's own.
-    fn pool_size(self) -> usize {
+    fn default_servers(self) -> usize {
         match self {
             PoolMode::Transaction => 4,
             PoolMode::Session => 30,
@@ -58,6 +58,11 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// A PgBouncer in `mode` in front of the server behind `pool`, up and accepting connections.
     pub async fn start(pool: &PgPool, mode: PoolMode) -> PgBouncer {
+        PgBouncer::start_with(pool, mode, mode.default_servers()).await
+    }
+
+    /// [`PgBouncer::start`] with at most `servers` server connections per database and user.
+    pub async fn start_with(pool: &PgPool, mode: PoolMode, servers: usize) -> PgBouncer {
         install();
         let options = pool.connect_options();
         let dir = std::env::temp_dir().join(format!("outbox-pgbouncer-{}", Uuid::new_v4()));
@@ -88,7 +93,7 @@ impl PgBouncer {
                     target = options.get_port(),
                     users = dir.join("users.txt").display(),
                     mode = mode.name(),
-                    size = mode.pool_size(),
+                    size = servers,
                 ),
             )
             .unwrap();

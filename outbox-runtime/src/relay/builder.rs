@@ -156,6 +156,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// is acknowledged in: its writes and the acknowledgement commit together, exactly once.
     ///
     /// ```no_run
+    /// # use outbox_runtime::sqlx;
     /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
     /// # use serde::{Deserialize, Serialize};
     /// # #[derive(Serialize, Deserialize, OutboxEvent)]
@@ -191,7 +192,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// handler would run.
     ///
     /// ```no_run
-    /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
+    /// # use outbox_runtime::{sqlx, EventContext, OutboxEvent, Relay};
     /// # use serde::{Deserialize, Serialize};
     /// #[derive(Serialize, Deserialize, OutboxEvent)]
     /// #[outbox(aggregate = "order", event_type = "order.placed", version = 2)]
@@ -235,6 +236,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// after `max_attempts`. The sink is checked when the relay starts.
     ///
     /// ```no_run
+    /// # use outbox_runtime::sqlx;
     /// # #[cfg(feature = "nats")]
     /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
     /// use outbox_runtime::forward::{nats::NatsSink, Forward};

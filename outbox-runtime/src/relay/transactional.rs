@@ -26,6 +26,7 @@ use crate::store;
 /// plus the transaction the event is acknowledged in.
 ///
 /// ```no_run
+/// # use outbox_runtime::sqlx;
 /// # use outbox_runtime::{OutboxEvent, TransactionContext};
 /// # use serde::{Deserialize, Serialize};
 /// # #[derive(Serialize, Deserialize, OutboxEvent)]

@@ -77,8 +77,9 @@ mod tests {
 
     /// `(highest $N in its SQL, values bound)` of a built statement.
     pub(super) fn parameters<'q>(mut query: impl Execute<'q, Postgres>) -> (usize, usize) {
-        let named = highest_parameter(query.sql());
         let bound = query.take_arguments().unwrap().map_or(0, |arguments| arguments.len());
+        // `&str` on sqlx 0.8; on 0.9 an `SqlStr`, for which `sql` consumes the query.
+        let named = highest_parameter(AsRef::<str>::as_ref(&query.sql()));
         (named, bound)
     }
 

@@ -18,6 +18,7 @@
 //! database of its own, so a drain sees only that test's events:
 //!
 //! ```no_run
+//! # use outbox_runtime::sqlx;
 //! use outbox_runtime::testing::{self, Faults, Outcome};
 //! use outbox_runtime::{EventContext, OutboxEvent, Relay};
 //! use serde::{Deserialize, Serialize};
