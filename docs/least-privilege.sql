@@ -2,8 +2,7 @@
 --
 -- Three roles. Their names here are placeholders: replace `outbox_owner`, `outbox_app` and
 -- `outbox_relay` throughout with yours (tests/privileges.rs runs this file with unique names
--- substituted, against PostgreSQL 15, and proves every claim below; tests/sql_producers.rs those
--- about `outbox.emit`).
+-- substituted, against PostgreSQL 15, and proves every claim below, `outbox.emit`'s included).
 --
 --   outbox_owner  owns the `outbox` schema and runs `outbox_runtime::migrate` (or `outbox migrate`)
 --                 at deploy time. Not a superuser.

@@ -1,5 +1,6 @@
 //! Least privilege: `docs/least-privilege.sql` applied to fresh roles, then emit, the relay and the
-//! operations run under them, and everything the roles should not do is refused.
+//! operations run under them (emit from Rust and from SQL), and everything the roles should not
+//! do is refused.
 //!
 //! Roles are cluster-wide and tests run in parallel, so each test creates its roles under unique
 //! names (the script's placeholders substituted) and drops them when it ends, even on panic.
@@ -253,6 +254,77 @@ async fn the_app_role_can_emit_every_way(pool: PgPool) {
     .unwrap();
     assert_eq!((sequence, function), (false, false));
     app.close().await;
+}
+
+/// The application's own business table, whose trigger emits from SQL (`outbox.emit`, ordered)
+/// in the inserting transaction, as the role that inserts.
+const ORDERS: &str = "
+CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, total_cents bigint NOT NULL);
+CREATE FUNCTION orders_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM outbox.emit(
+        aggregate_type => 'order', aggregate_id => NEW.id::text,
+        event_type => 'order.status_changed',
+        payload => jsonb_build_object('order_id', NEW.id, 'status', NEW.status),
+        headers => jsonb_build_object('table', TG_TABLE_NAME),
+        ordered => true);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER orders_outbox AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION orders_outbox();
+";
+
+#[sqlx::test(migrations = false)]
+async fn the_app_role_emits_from_sql_with_the_documented_grants(pool: PgPool) {
+    let roles = Roles::create(&pool).await;
+    migrated(&pool).await;
+    // As in a database that revoked PUBLIC's EXECUTE on functions: only the script's grants
+    // let a role call these.
+    let revoke = "REVOKE EXECUTE ON FUNCTION outbox.emit, outbox.uuid_v7() FROM PUBLIC";
+    execute(&pool, revoke).await.unwrap();
+    sqlx::raw_sql(ORDERS).execute(&pool).await.unwrap();
+    roles.run_step(&pool, "objects").await;
+    // The business table is the application's own.
+    let grant = format!("GRANT INSERT, UPDATE, SELECT ON orders TO \"{}\"", roles.app);
+    execute(&pool, sqlx::static_sql(grant)).await.unwrap();
+
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let plain: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES ('order', '9', 'order.placed', '{}', '{}') RETURNING event_id",
+    )
+    .fetch_one(&app)
+    .await
+    .expect("the reference insert, its id made by the default");
+    let keyed = "SELECT outbox.emit('order', '1', 'order.status_changed', '{}', ordered => true, \
+                                    idempotency_key => 'k')";
+    let first: Uuid =
+        sqlx::query_scalar(keyed).fetch_one(&app).await.expect("an ordered, keyed emit");
+    let again: Uuid = sqlx::query_scalar(keyed).fetch_one(&app).await.expect("its key again");
+    assert_eq!(again, first);
+    execute(&app, "INSERT INTO orders VALUES (1, 'placed', 4200)")
+        .await
+        .expect("the trigger emits as the app role");
+
+    let rows: Vec<(Uuid, String, bool)> =
+        sqlx::query_as("SELECT event_id, event_type, ordered FROM outbox.events ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(
+        rows[..2],
+        [(plain, "order.placed".into(), false), (first, "order.status_changed".into(), true)]
+    );
+    assert_eq!((rows[2].1.as_str(), rows[2].2), ("order.status_changed", true));
+
+    // The relay role cannot.
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+    let sql = "SELECT outbox.emit('order', '1', 'order.placed', '{}')";
+    assert_denied(sql, execute(&relay_pool, sql).await);
+    assert_eq!(count_rows(&pool).await, 3);
+    app.close().await;
+    relay_pool.close().await;
 }
 
 #[sqlx::test(migrations = false)]

@@ -3,8 +3,9 @@
 //! writes an event by the Rust emit's rules (names, headers, versions, idempotency keys) inside
 //! the caller's transaction, so a trigger on a business table emits atomically with the change,
 //! and a Rust relay delivers it to a typed handler. Ordered events from SQL take the Rust emit's
-//! lock, so SQL and Rust events of one aggregate are delivered in commit order. The application
-//! role of `docs/least-privilege.sql` can do all of it, the relay role none of it.
+//! lock, so SQL and Rust events of one aggregate are delivered in commit order. That the
+//! application role of `docs/least-privilege.sql` can do all of it, and the relay role none of
+//! it, is proved in `privileges.rs`.
 
 mod support;
 
@@ -17,8 +18,8 @@ use chrono::{DateTime, Utc};
 use outbox_runtime::{EmitOptions, EventContext, OutboxEvent, Relay};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use support::accounts::*;
 use support::*;
 use tokio::sync::oneshot;
@@ -26,9 +27,6 @@ use uuid::{Uuid, Variant};
 
 /// SQLSTATE `invalid_parameter_value`: every argument `outbox.emit` refuses.
 const INVALID: &str = "22023";
-
-/// SQLSTATE `insufficient_privilege`.
-const PERMISSION_DENIED: &str = "42501";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -629,123 +627,4 @@ async fn a_handler_sees_the_version_emitted_from_sql(pool: PgPool) {
         ],
         "each row read as the version it was emitted at, then upcast"
     );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Privileges
-// ---------------------------------------------------------------------------------------------
-
-/// The roles of `docs/least-privilege.sql`, under names unique to one test (roles are
-/// cluster-wide). Dropped, with everything they own or were granted in the test database, when
-/// this goes out of scope, even on panic.
-struct Roles {
-    app: String,
-    relay: String,
-    owner: String,
-    admin: PgConnectOptions,
-}
-
-impl Roles {
-    /// Runs the whole script, its placeholders replaced, as the superuser (who migrated).
-    async fn create(pool: &PgPool) -> Roles {
-        let suffix = &Uuid::new_v4().simple().to_string()[..12];
-        let roles = Roles {
-            app: format!("outbox_app_{suffix}"),
-            relay: format!("outbox_relay_{suffix}"),
-            owner: format!("outbox_owner_{suffix}"),
-            admin: (*pool.connect_options()).clone(),
-        };
-        let script = include_str!("../docs/least-privilege.sql")
-            .replace("outbox_owner", &roles.owner)
-            .replace("outbox_app", &roles.app)
-            .replace("outbox_relay", &roles.relay);
-        sqlx::raw_sql(sqlx::static_sql(script))
-            .execute(pool)
-            .await
-            .expect("the grants script runs");
-        roles
-    }
-
-    async fn pool_as(&self, pool: &PgPool, role: &str) -> PgPool {
-        let options = (*pool.connect_options()).clone().username(role);
-        PgPoolOptions::new().max_connections(2).connect_with(options).await.unwrap()
-    }
-}
-
-impl Drop for Roles {
-    fn drop(&mut self) {
-        let admin = self.admin.clone();
-        let names = format!("\"{}\", \"{}\", \"{}\"", self.owner, self.app, self.relay);
-        let sql = format!(
-            "REASSIGN OWNED BY {names} TO CURRENT_USER; DROP OWNED BY {names}; DROP ROLE {names};"
-        );
-        // Drop runs inside the test's runtime, which must not block on itself.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(async move {
-                let mut conn = PgConnection::connect_with(&admin).await?;
-                sqlx::raw_sql(sqlx::static_sql(sql)).execute(&mut conn).await?;
-                conn.close().await
-            })?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        });
-        match cleanup.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) if std::thread::panicking() => eprintln!("dropping roles: {error}"),
-            Ok(Err(error)) => panic!("dropping roles {}: {error}", self.app),
-            Err(_) => eprintln!("dropping roles {} panicked", self.app),
-        }
-    }
-}
-
-#[sqlx::test(migrations = false)]
-async fn the_app_role_emits_from_sql_with_the_documented_grants(pool: PgPool) {
-    migrated(&pool).await;
-    // As in a database that revoked PUBLIC's EXECUTE on functions: only the script's grants
-    // let a role call these.
-    execute(&pool, "REVOKE EXECUTE ON FUNCTION outbox.emit, outbox.uuid_v7() FROM PUBLIC").await;
-    sqlx::raw_sql(ORDERS).execute(&pool).await.unwrap();
-    let roles = Roles::create(&pool).await;
-    // The business table is the application's own.
-    let grant = format!("GRANT INSERT, UPDATE, SELECT ON orders TO \"{}\"", roles.app);
-    execute(&pool, sqlx::static_sql(grant)).await;
-
-    let app = roles.pool_as(&pool, &roles.app).await;
-    let plain: Uuid = sqlx::query_scalar(
-        "INSERT INTO outbox.events (aggregate_type, aggregate_id, event_type, payload, headers) \
-         VALUES ('order', '9', 'order.placed', '{}', '{}') RETURNING event_id",
-    )
-    .fetch_one(&app)
-    .await
-    .expect("the reference insert, its id made by the default");
-    let keyed = "SELECT outbox.emit('order', '1', 'order.status_changed', '{}', ordered => true, \
-                                    idempotency_key => 'k')";
-    let first: Uuid =
-        sqlx::query_scalar(keyed).fetch_one(&app).await.expect("an ordered, keyed emit");
-    let again: Uuid = sqlx::query_scalar(keyed).fetch_one(&app).await.expect("its key again");
-    assert_eq!(again, first);
-    sqlx::query("INSERT INTO orders VALUES (1, 'placed', 4200)")
-        .execute(&app)
-        .await
-        .expect("the trigger emits as the app role");
-
-    let rows: Vec<(Uuid, String, bool)> =
-        sqlx::query_as("SELECT event_id, event_type, ordered FROM outbox.events ORDER BY seq")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(rows.len(), 3);
-    assert_eq!(
-        rows[..2],
-        [(plain, "order.placed".into(), false), (first, "order.status_changed".into(), true)]
-    );
-    assert_eq!((rows[2].1.as_str(), rows[2].2), ("order.status_changed", true));
-
-    // The relay role cannot.
-    let relay = roles.pool_as(&pool, &roles.relay).await;
-    let (code, _) = refusal(&relay, "SELECT outbox.emit('order', '1', 'order.placed', '{}')").await;
-    assert_eq!(code, PERMISSION_DENIED);
-    assert_eq!(count_rows(&pool).await, 3);
-    app.close().await;
-    relay.close().await;
 }
