@@ -136,13 +136,15 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         },
     ];
     // The statements on held rows, measured below once the rows exist.
-    let on_held: [(&str, &str, &str); 6] = [
+    let on_held: [(&str, &str, &str); 8] = [
         ("publish", hooks::PUBLISH, "uuid[], uuid[]"),
+        ("publish_delete", hooks::PUBLISH_DELETE, "uuid[], uuid[]"),
         ("release", hooks::RELEASE, "uuid[], uuid[]"),
         ("renew", hooks::RENEW, "uuid[], uuid[], bigint"),
         ("still_leased", hooks::STILL_LEASED, "uuid[], uuid[]"),
         ("fail", hooks::FAIL, "uuid[], uuid[], jsonb, int"),
         ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
+        ("publish_one_delete", hooks::PUBLISH_ONE_DELETE, "uuid, uuid"),
     ];
 
     // The relay's connection, and a plain one for the transactional handler's acknowledgement.
@@ -162,7 +164,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         sqlx::raw_sql(sqlx::static_sql(first)).execute(&mut relay).await.unwrap();
     }
     for (name, sql, parameters) in on_held {
-        let conn = if name == "publish_one" { &mut handler } else { &mut relay };
+        let conn = if name.starts_with("publish_one") { &mut handler } else { &mut relay };
         sqlx::raw_sql(sqlx::static_sql(format!("PREPARE {name}({parameters}) AS {sql}")))
             .execute(&mut *conn)
             .await
@@ -170,11 +172,13 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         let first = match name {
             "renew" => format!("{nothing}, {zero}, 1"),
             "fail" => no_failure.clone(),
-            "publish_one" => "gen_random_uuid(), gen_random_uuid()".to_owned(),
+            "publish_one" | "publish_one_delete" => {
+                "gen_random_uuid(), gen_random_uuid()".to_owned()
+            }
             _ => format!("{nothing}, {zero}"),
         };
         let mut tx = conn.begin().await.unwrap();
-        if name == "publish_one" {
+        if name.starts_with("publish_one") {
             sqlx::raw_sql(publish_one_local).execute(&mut *tx).await.unwrap();
         }
         let execute = sqlx::static_sql(format!("EXECUTE {name}({first})"));
@@ -217,7 +221,9 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         let (measured, touches, local) = match name {
             "renew" => (format!("{ids}, {tokens}, 30000000"), HELD as i64, None),
             "fail" => (format!("{ids}, {tokens}, '{errors}', 10"), HELD as i64, None),
-            "publish_one" => (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local)),
+            "publish_one" | "publish_one_delete" => {
+                (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local))
+            }
             _ => (format!("{ids}, {tokens}"), HELD as i64, None),
         };
         let first = String::new();
@@ -226,7 +232,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
 
     let mut report = Vec::new();
     for statement in &statements {
-        let conn = if statement.name == "publish_one" { &mut handler } else { &mut relay };
+        let conn =
+            if statement.name.starts_with("publish_one") { &mut handler } else { &mut relay };
         let plan = explain(conn, statement).await;
         let root = &plan[0]["Plan"];
         let read = rows_read(root);

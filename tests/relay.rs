@@ -827,3 +827,63 @@ async fn a_hung_handler_fails_at_the_handler_timeout(pool: PgPool) {
     assert_eq!(row.last_error.as_deref(), Some("handler timed out after 300ms"));
     assert_eq!((counts.failed, counts.delivered), (1, 1));
 }
+
+/// Handled unless its total is negative; writes a receipt in the acknowledging transaction.
+async fn receipt(
+    mut ctx: outbox_runtime::TransactionContext<Log>,
+    event: OrderPlaced,
+) -> Result<(), HandlerError> {
+    ctx.state().record(&*ctx);
+    if event.total_cents < 0 {
+        return Err(HandlerError(format!("negative total {}", event.total_cents)));
+    }
+    sqlx::query("INSERT INTO receipts (order_id) VALUES ($1)")
+        .bind(event.order_id)
+        .execute(&mut **ctx.tx())
+        .await
+        .map_err(|error| HandlerError(error.to_string()))?;
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn delete_on_publish_removes_delivered_rows_and_keeps_dead_ones(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::query("CREATE TABLE receipts (order_id uuid PRIMARY KEY)").execute(&pool).await.unwrap();
+    let customers: Vec<CustomerRenamed> = (0..20)
+        .map(|n| CustomerRenamed { customer_id: n, name: format!("customer {n}") })
+        .collect();
+    let renamed = emit_committed(&pool, &customers).await;
+    let orders: Vec<OrderPlaced> = (0..20).map(placed).chain([placed(-1)]).collect();
+    let placed_ids = emit_committed(&pool, &orders).await;
+    let dead = *placed_ids.last().unwrap();
+
+    async fn on_renamed(ctx: EventContext<Log>, _: CustomerRenamed) -> Result<(), HandlerError> {
+        ctx.state().record(&ctx);
+        Ok(())
+    }
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(on_renamed)
+            .handler(receipt)
+            .max_attempts(2)
+            .delete_on_publish(true),
+    );
+    eventually("the failing event is dead", || async { row_state(&pool, dead).await.dead }).await;
+    eventually("every other event is gone", || async { count_rows(&pool).await == 1 }).await;
+    relay.stop().await;
+
+    // Plain and transactional acknowledgements both deleted their rows; the dead one stays.
+    let left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox.events").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, [dead]);
+    let receipts: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM receipts").fetch_one(&pool).await.unwrap();
+    assert_eq!(receipts, 20, "each transactional handler's write committed with its deletion");
+    let calls = log.deliveries_per_event();
+    for id in renamed.iter().chain(&placed_ids[..20]) {
+        assert_eq!(calls.get(id), Some(&1), "delivered exactly once");
+    }
+    assert_eq!(calls.get(&dead), Some(&2), "the failing event was tried max_attempts times");
+}

@@ -24,6 +24,10 @@ pub const RENEW: &str = crate::store::RENEW;
 pub const STILL_LEASED: &str = crate::store::STILL_LEASED;
 /// A transactional handler's acknowledgement: `$1` id, `$2` token.
 pub const PUBLISH_ONE: &str = crate::store::PUBLISH_ONE;
+/// [`PUBLISH`] of a relay that deletes published rows: `$1` ids, `$2` tokens.
+pub const PUBLISH_DELETE: &str = crate::store::PUBLISH_DELETE;
+/// [`PUBLISH_ONE`] of a relay that deletes published rows: `$1` id, `$2` token.
+pub const PUBLISH_ONE_DELETE: &str = crate::store::PUBLISH_ONE_DELETE;
 /// Retention: `$1` age in micros, `$2` most rows.
 pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
 
@@ -69,7 +73,8 @@ pub mod steps {
 
     /// Publishes under `token`; whether the lease was still valid.
     pub async fn publish(pool: &PgPool, event_id: Uuid, token: Uuid) -> Result<bool, sqlx::Error> {
-        Ok(!store::publish(pool, &[event_id], &[token]).await?.is_empty())
+        let done = store::publish(pool, &[event_id], &[token], store::OnPublish::Mark).await?;
+        Ok(!done.is_empty())
     }
 
     /// Records a failure under `token`; `None` if refused, else whether the row died.

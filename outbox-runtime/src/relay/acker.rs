@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::relay::config::Backoff;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures};
+use crate::store::{self, Failures, OnPublish};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -55,6 +55,8 @@ pub(crate) struct Acker {
     pub(crate) metrics: RelayMetrics,
     pub(crate) backoff: Backoff,
     pub(crate) max_attempts: i32,
+    /// Whether a delivered row is marked published or deleted.
+    pub(crate) on_publish: OnPublish,
     /// How long to keep retrying a failed acknowledgement: after that the leases have expired
     /// and the rows are delivered again anyway.
     pub(crate) lease_timeout: Duration,
@@ -135,11 +137,11 @@ impl Acker {
         self.held.settle(settled);
 
         let mut busy = HashSet::new();
-        let pool = &self.pool;
+        let (pool, on_publish) = (&self.pool, self.on_publish);
         let written = self
             .write("publish", &delivered, |held| async move {
                 let (ids, tokens) = columns(&held);
-                let done = store::publish(pool, &ids, &tokens).await?;
+                let done = store::publish(pool, &ids, &tokens, on_publish).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
             .await;

@@ -14,7 +14,7 @@ use crate::relay::decode::{JsonUpcaster, JsonUpcasters};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::{Plan, Relay, Routes};
-use crate::store::{LeasePlan, LeaseTypes, TypeVersions};
+use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
 const FORWARDING_CONCURRENCY: usize = 256;
@@ -346,6 +346,16 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// Default: published events are kept.
     pub fn retention(mut self, keep_for: Duration) -> Self {
         self.config.retention = Some(keep_for);
+        self
+    }
+
+    /// Deletes each delivered event in the statement that acknowledges it, instead of marking it
+    /// published, for applications that keep no history: the outbox then holds only pending
+    /// and dead events, and nothing is left for retention to purge. Dead events are kept
+    /// either way, and idempotency keys live as long as their event's row, so with this on a
+    /// key can be used again once its event was delivered. Default: published events are kept.
+    pub fn delete_on_publish(mut self, delete: bool) -> Self {
+        self.config.on_publish = if delete { OnPublish::Delete } else { OnPublish::Mark };
         self
     }
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::store::OnPublish;
+
 /// Retry delays: after the n-th failed delivery, `min(base * 2^(n-1), cap)`, jittered into its
 /// upper half.
 ///
@@ -95,6 +97,7 @@ pub(crate) struct RelayConfig {
     pub(crate) newer_versions: NewerVersions,
     pub(crate) dead_ordered_events: DeadOrderedEvents,
     pub(crate) retention: Option<Duration>,
+    pub(crate) on_publish: OnPublish,
 }
 
 impl Default for RelayConfig {
@@ -113,6 +116,7 @@ impl Default for RelayConfig {
             newer_versions: NewerVersions::default(),
             dead_ordered_events: DeadOrderedEvents::default(),
             retention: None,
+            on_publish: OnPublish::Mark,
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::Pace;
-use crate::store::LeasedEvent;
+use crate::store::{LeasedEvent, OnPublish};
 
 /// Longest error text kept in `last_error`.
 const MAX_ERROR_LEN: usize = 4_096;
@@ -33,6 +33,8 @@ pub(crate) struct Delivery<S> {
     pub(crate) lease: HeldLease,
     /// The builder's pool, for transactional handlers.
     pub(crate) pool: PgPool,
+    /// How a transactional handler's acknowledgement treats the row.
+    pub(crate) on_publish: OnPublish,
     pub(crate) handler_timeout: Option<Duration>,
     pub(crate) acks: UnboundedSender<Ack>,
     pub(crate) metrics: RelayMetrics,
@@ -53,6 +55,7 @@ impl<S> Delivery<S> {
             row,
             mut lease,
             pool,
+            on_publish,
             handler_timeout,
             acks,
             metrics,
@@ -71,7 +74,7 @@ impl<S> Delivery<S> {
         let span = otel::delivery_span(&row, attempt);
         let event_type = row.event_type.clone();
         let started = std::time::Instant::now();
-        let delivery_lease = DeliveryLease { pool, lease: lease.clone() };
+        let delivery_lease = DeliveryLease { pool, lease: lease.clone(), on_publish };
         let handling = async {
             let Some(route) = route else {
                 return Err(format!(

@@ -15,6 +15,7 @@ use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
 use crate::relay::decode::{read, DecodeError, JsonUpcasters};
 use crate::relay::held::HeldLease;
+use crate::store::OnPublish;
 
 /// An async function that handles one event type, found from its arguments:
 /// `async fn(EventContext<S>, E) -> Result<(), Err>`, or, to write in the transaction the
@@ -110,6 +111,8 @@ pub(crate) struct DeliveryLease {
     /// The pool handed to the builder: handler transactions run there.
     pub(crate) pool: sqlx::PgPool,
     pub(crate) lease: HeldLease,
+    /// Whether the acknowledgement marks the row published or deletes it.
+    pub(crate) on_publish: OnPublish,
 }
 
 /// A leased row's payload as stored, with the relay's JSON upcasters to read older versions.

@@ -147,6 +147,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 metrics: self.metrics.clone(),
                 backoff: config.backoff,
                 max_attempts: self.plan.max_attempts,
+                on_publish: config.on_publish,
                 lease_timeout: config.lease_timeout,
             }
             .run(acks_rx),

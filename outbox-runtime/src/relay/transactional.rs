@@ -123,7 +123,10 @@ where
             handler(ctx, event).await.map_err(Into::<BoxError>::into)?;
             let mut tx = returned.await.map_err(|_| "the handler's transaction was lost")?;
             let published = match lease.lease.token() {
-                Some(token) => store::publish_in(&mut tx, lease.lease.event_id(), token).await?,
+                Some(token) => {
+                    let event_id = lease.lease.event_id();
+                    store::publish_in(&mut tx, event_id, token, lease.on_publish).await?
+                }
                 None => false,
             };
             if !published {

@@ -140,6 +140,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                     row,
                     lease,
                     pool: relay.pool.clone(),
+                    on_publish: config.on_publish,
                     handler_timeout: config.handler_timeout,
                     acks: self.acks.clone(),
                     metrics: relay.metrics.clone(),

@@ -53,6 +53,24 @@ macro_rules! update_fenced {
 /// Marks delivered rows published; `$1` ids, `$2` tokens.
 pub(crate) const PUBLISH: &str = update_fenced!("published_at = now()", "e.event_id");
 
+/// Deletes delivered rows instead ([`OnPublish::Delete`]); `$1` ids, `$2` tokens.
+pub(crate) const PUBLISH_DELETE: &str = concat!(
+    fenced_rows!(),
+    "DELETE FROM outbox.events e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM mine)) \
+     RETURNING e.event_id"
+);
+
+/// What acknowledging a delivered row does to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum OnPublish {
+    /// Sets `published_at`: the row stays as history until retention purges it.
+    #[default]
+    Mark,
+    /// Deletes the row in the acknowledging statement, for applications that keep no history
+    /// (dead rows are kept either way).
+    Delete,
+}
+
 /// Records failed deliveries; `$1` ids, `$2` tokens, `$3` each id's error text and retry delay
 /// in microseconds (`{"<id>": ["error", 1000]}`), `$4` the most attempts. A jsonb object rather
 /// than two more arrays: its keys are looked up by binary search, while matching array positions
@@ -91,19 +109,33 @@ pub(crate) const PUBLISH_ONE: &str = "UPDATE outbox.events e SET published_at = 
      WHERE e.event_id = $1 AND e.lease_token = $2 \
        AND coalesce(e.published_at, e.dead_at) IS NULL";
 
-/// Marks delivered rows published. Returns the ids done; the others were either taken over by
-/// another relay after this one's lease expired, or locked by someone else (see
-/// [`still_leased`]).
+/// Deletes one delivered row instead ([`OnPublish::Delete`]); `$1` id, `$2` token.
+pub(crate) const PUBLISH_ONE_DELETE: &str = "DELETE FROM outbox.events e \
+     WHERE e.event_id = $1 AND e.lease_token = $2 \
+       AND coalesce(e.published_at, e.dead_at) IS NULL";
+
+/// Marks delivered rows published, or deletes them. Returns the ids done; the others were
+/// either taken over by another relay after this one's lease expired, or locked by someone else
+/// (see [`still_leased`]).
 pub(crate) async fn publish(
     pool: &PgPool,
     ids: &[Uuid],
     tokens: &[Uuid],
+    on_publish: OnPublish,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    publish_query(ids, tokens).fetch_all(pool).await
+    publish_query(ids, tokens, on_publish).fetch_all(pool).await
 }
 
-pub(super) fn publish_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Scalar<'q, Uuid> {
-    sqlx::query_scalar(PUBLISH).bind(ids).bind(tokens)
+pub(super) fn publish_query<'q>(
+    ids: &'q [Uuid],
+    tokens: &'q [Uuid],
+    on_publish: OnPublish,
+) -> Scalar<'q, Uuid> {
+    let sql = match on_publish {
+        OnPublish::Mark => PUBLISH,
+        OnPublish::Delete => PUBLISH_DELETE,
+    };
+    sqlx::query_scalar(sql).bind(ids).bind(tokens)
 }
 
 /// Marks one delivered row published inside a transactional handler's transaction (see
@@ -112,16 +144,25 @@ pub(crate) async fn publish_in(
     tx: &mut sqlx::PgConnection,
     event_id: Uuid,
     token: Uuid,
+    on_publish: OnPublish,
 ) -> Result<bool, sqlx::Error> {
     // The handler's connection has none of the relay's settings: make sure a plan made while
     // the outbox was small does not scan it now (only for the rest of this transaction).
     sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
-    let published = publish_one_query(event_id, token).execute(&mut *tx).await?;
+    let published = publish_one_query(event_id, token, on_publish).execute(&mut *tx).await?;
     Ok(published.rows_affected() == 1)
 }
 
-pub(super) fn publish_one_query<'q>(event_id: Uuid, token: Uuid) -> Query<'q> {
-    sqlx::query(PUBLISH_ONE).bind(event_id).bind(token)
+pub(super) fn publish_one_query<'q>(
+    event_id: Uuid,
+    token: Uuid,
+    on_publish: OnPublish,
+) -> Query<'q> {
+    let sql = match on_publish {
+        OnPublish::Mark => PUBLISH_ONE,
+        OnPublish::Delete => PUBLISH_ONE_DELETE,
+    };
+    sqlx::query(sql).bind(event_id).bind(token)
 }
 
 /// Failed deliveries, for one [`fail`] statement.

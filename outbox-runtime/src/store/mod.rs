@@ -20,7 +20,9 @@ mod sleepers;
 #[cfg(feature = "testing")]
 pub(crate) mod testing;
 
-pub(crate) use ack::{fail, publish, publish_in, release, renew, still_leased, Failures};
+pub(crate) use ack::{
+    fail, publish, publish_in, release, renew, still_leased, Failures, OnPublish,
+};
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
 pub(crate) use lease::{lease, LeasePlan, LeaseTypes, LeasedEvent, TypeVersions, RELAY_SESSION};
 pub use ops::DeadEvent;
@@ -33,7 +35,10 @@ pub(crate) use sleepers::{register_sleeper, unregister_sleeper};
 /// The statements whose plans the tests check, by name.
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
-    ack::{FAIL, PUBLISH, PUBLISH_ONE, RELEASE, RENEW, STILL_LEASED},
+    ack::{
+        FAIL, PUBLISH, PUBLISH_DELETE, PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW,
+        STILL_LEASED,
+    },
     lease::{LEASE_ANY, LEASE_HANDLED},
     ops::PURGE_PUBLISHED,
 };
@@ -86,6 +91,7 @@ mod tests {
     #[test]
     fn every_statement_binds_each_parameter_its_sql_names() {
         let (ids, tokens) = (vec![Uuid::nil()], vec![Uuid::nil()]);
+        let nil = Uuid::nil();
         let plan = |types| LeasePlan {
             types,
             lease_timeout: Duration::from_secs(1),
@@ -114,8 +120,10 @@ mod tests {
         let statements = [
             ("lease handled", parameters(lease::lease_query(&only, 10, Uuid::nil()))),
             ("lease any", parameters(lease::lease_query(&all, 10, Uuid::nil()))),
-            ("publish", parameters(ack::publish_query(&ids, &tokens))),
-            ("publish one", parameters(ack::publish_one_query(Uuid::nil(), Uuid::nil()))),
+            ("publish", parameters(ack::publish_query(&ids, &tokens, OnPublish::Mark))),
+            ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
+            ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
+            ("publish one delete", parameters(ack::publish_one_query(nil, nil, OnPublish::Delete))),
             ("fail", parameters(ack::fail_query(&failures, 3))),
             ("release", parameters(ack::release_query(&ids, &tokens))),
             ("renew", parameters(ack::renew_query(&ids, &tokens, Duration::from_secs(1)))),
