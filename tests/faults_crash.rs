@@ -352,6 +352,54 @@ async fn a_relay_killed_mid_drain_loses_nothing_and_repeats_only_what_it_held(po
     assert!(duplicates <= bound);
 }
 
+/// The same kills with `delete_on_publish`, both cores busy, on empty-table statistics: every
+/// event is delivered and its row deleted, and only rows a killed relay held are delivered twice.
+#[sqlx::test(migrations = false)]
+async fn a_relay_deleting_on_publish_killed_mid_drain_loses_nothing(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let ids = prepare(&pool, CRASH_EVENTS).await;
+    let settings = crash_relay(CRASH_LEASE_MS);
+    let settings: Vec<(&str, &str)> =
+        settings.into_iter().chain([("RELAY_DELETE_ON_PUBLISH", "1")]).collect();
+    let mut held_at_kill: HashSet<Uuid> = HashSet::new();
+    let mut relay = RelayProcess::spawn(&pool, &settings);
+    for kill in 1..=KILLS {
+        let target = CRASH_EVENTS - CRASH_EVENTS * kill / (KILLS + 1);
+        wait_until(&format!("{target} events are left"), Duration::from_secs(60), || async {
+            count(&pool, "true").await <= target
+        })
+        .await;
+        relay.kill();
+        let held: Vec<Uuid> =
+            sqlx::query_scalar("SELECT event_id FROM outbox.events WHERE lease_token IS NOT NULL")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert!(count(&pool, "true").await > 0, "kill {kill} came after the drain");
+        held_at_kill.extend(held);
+        relay = RelayProcess::spawn(&pool, &settings);
+    }
+    wait_until("the last relay empties the outbox", Duration::from_secs(60), || async {
+        count(&pool, "true").await == 0
+    })
+    .await;
+    // Empty: nothing is pending, and nothing died (dead rows are kept).
+    let (last, _) = relay.terminate().await;
+    assert_eq!(last.lost_leases, 0, "one relay at a time: no lease is taken from a live relay");
+
+    let seen = deliveries(&pool).await;
+    let mut repeated = 0;
+    for id in &ids {
+        let attempts = seen.get(id).map_or(0, Vec::len);
+        assert!(attempts >= 1, "event {id} was never delivered");
+        if attempts > 1 {
+            assert!(held_at_kill.contains(id), "event {id} repeated, but no killed relay held it");
+            repeated += 1;
+        }
+    }
+    println!("{CRASH_EVENTS} events, {KILLS} kills, deleting on publish: {repeated} repeated");
+}
+
 /// Leases of a few seconds, short enough that a renewal held up (a plan that scans the outbox,
 /// a lock wait, a starved process) makes them expire.
 const SHORT_LEASE_MS: &str = "2000";

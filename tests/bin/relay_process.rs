@@ -24,6 +24,7 @@
 //! | `POISON_EVERY` | 0 (off) | jobs whose `n` is a multiple of this fail on every attempt |
 //! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
 //! | `HANDLER_TRANSACTIONAL` | 0 | 1: a transactional handler records each delivery in the acknowledgement's transaction |
+//! | `RELAY_DELETE_ON_PUBLISH` | 0 | 1: delivered rows are deleted by their acknowledgement |
 //! | `FORWARD_TO` | unset | forward instead of handling: `nats` (JetStream stream `FORWARD_STREAM` on 127.0.0.1:4222), `rabbitmq` (exchange `FORWARD_EXCHANGE` on 127.0.0.1:5672) or `redis` (127.0.0.1:6379), to destinations `<FORWARD_PREFIX>.<aggregate type>.<event type>` |
 //! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
 
@@ -211,6 +212,7 @@ async fn relay() -> Result<(), String> {
         .max_attempts(setting("RELAY_MAX_ATTEMPTS", 10)?)
         .poll_interval(millis("RELAY_POLL_INTERVAL_MS", 50)?)
         .backoff(backoff)
+        .delete_on_publish(setting("RELAY_DELETE_ON_PUBLISH", 0)? == 1)
         .build()
         .map_err(|error| error.to_string())?;
     let counts = relay.run_until(shutdown).await.map_err(|error| error.to_string())?;

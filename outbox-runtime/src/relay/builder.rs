@@ -434,8 +434,6 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             };
             types.push(aggregate_type, name, newest);
         }
-        let mut wakes_for: Vec<String> = types.event_types.clone();
-        let mut forwarded_types = TypeVersions::default();
         for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
             if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str()))
             {
@@ -446,8 +444,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                 });
             }
             // A forwarded payload goes out as stored, whatever its version.
-            forwarded_types.push(&aggregate_type, &event_type, i32::MAX);
-            wakes_for.push(event_type);
+            types.push(&aggregate_type, &event_type, i32::MAX);
         }
 
         // Decided once here, not in the loop: which rows every lease asks for, and which
@@ -457,9 +454,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         let (types, wakes_for) = if every_type {
             (LeaseTypes::All(types), None)
         } else {
-            types.aggregate_types.extend(forwarded_types.aggregate_types);
-            types.event_types.extend(forwarded_types.event_types);
-            types.versions.extend(forwarded_types.versions);
+            let wakes_for = types.event_types.clone();
             (LeaseTypes::Only(types), Some(wakes_for))
         };
         let plan = Plan {

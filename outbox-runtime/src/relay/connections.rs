@@ -14,15 +14,10 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 use crate::error::Error;
 use crate::store;
-
-/// The backend serving a connection. Sent as a simple query, which through any pooler runs as
-/// one message on one server connection (a prepared statement's parse and execution could
-/// land on two).
-const BACKEND_PID: &str = "SELECT pg_backend_pid()";
 
 /// Rounds of the check. A pooler that hands server connections round lends the first
 /// connection's backend to the second, or a new one to the first, in the first round, whether it
@@ -123,10 +118,10 @@ async fn sessions_kept(options: &PgConnectOptions) -> Result<bool, sqlx::Error> 
     };
     let kept = async {
         for _ in 0..CHECK_ROUNDS {
-            let before = backend(&mut first).await?;
-            let other = backend(&mut second).await?;
-            let after = backend(&mut first).await?;
-            let again = backend(&mut first).await?;
+            let before = store::backend_pid(&mut first).await?;
+            let other = store::backend_pid(&mut second).await?;
+            let after = store::backend_pid(&mut first).await?;
+            let again = store::backend_pid(&mut first).await?;
             if other == before || after != before || again != before {
                 tracing::debug!(
                     before,
@@ -145,8 +140,4 @@ async fn sessions_kept(options: &PgConnectOptions) -> Result<bool, sqlx::Error> 
     let _ = first.close().await;
     let _ = second.close().await;
     kept
-}
-
-async fn backend(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
-    conn.fetch_one(BACKEND_PID).await?.try_get(0)
 }

@@ -17,14 +17,11 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::store::NOTIFY_CHANNEL;
+use crate::store::{self, NOTIFY_CHANNEL};
 
 /// How long the check's notification may take. A NOTIFY reaches an idle listener within
 /// milliseconds, even on a loaded machine: a miss this long means none will.
 const CHECK_WITHIN: Duration = Duration::from_secs(3);
-
-/// The check's notification: `$1` channel, `$2` payload.
-const CHECK_NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// Runs until cancelled, waking the relay on every notification and after every reconnect
 /// (notifications sent while disconnected are lost, so the relay must look for itself). The
@@ -135,8 +132,6 @@ impl Check {
     }
 
     async fn send(&self, notifier: &PgPool) -> Result<(), sqlx::Error> {
-        let query = sqlx::query(CHECK_NOTIFY).bind(NOTIFY_CHANNEL).bind(&self.payload);
-        query.execute(notifier).await?;
-        Ok(())
+        store::notify_relays(notifier, &self.payload).await
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{Executor, PgPool, Row};
 use uuid::Uuid;
 
 use super::{micros, Query, Scalar};
@@ -47,4 +47,22 @@ pub(crate) async fn unregister_sleeper(pool: &PgPool, relay_id: Uuid) -> Result<
 
 pub(super) fn unregister_query<'q>(relay_id: Uuid) -> Query<'q> {
     sqlx::query("DELETE FROM outbox.sleeping_relays WHERE relay_id = $1").bind(relay_id)
+}
+
+/// Sends a notification with `payload` on the relays' channel: the listener's check that
+/// notifications reach it.
+pub(crate) async fn notify_relays(pool: &PgPool, payload: &str) -> Result<(), sqlx::Error> {
+    notify_query(payload).execute(pool).await?;
+    Ok(())
+}
+
+pub(super) fn notify_query(payload: &str) -> Query<'_> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(super::NOTIFY_CHANNEL).bind(payload)
+}
+
+/// The backend serving a connection, sent as a simple query: through any pooler it runs as one
+/// message on one server connection (a prepared statement's parse and execution could land on
+/// two).
+pub(crate) async fn backend_pid(conn: &mut sqlx::PgConnection) -> Result<i32, sqlx::Error> {
+    conn.fetch_one("SELECT pg_backend_pid()").await?.try_get(0)
 }
