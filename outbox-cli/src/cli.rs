@@ -110,9 +110,9 @@ pub struct ForwardArgs {
     )]
     pub event_type: Vec<(String, String)>,
 
-    /// Rows leased per statement
-    #[arg(long, env = "OUTBOX_FORWARD_BATCH_SIZE", value_name = "N", default_value_t = 100)]
-    pub batch_size: u32,
+    /// Rows leased per statement (default: sized from the backlog, 100 to 1,000)
+    #[arg(long, env = "OUTBOX_FORWARD_BATCH_SIZE", value_name = "N")]
+    pub batch_size: Option<u32>,
 
     /// Messages in flight at once (default: the relay's for forwarding, 256)
     #[arg(long, env = "OUTBOX_FORWARD_CONCURRENCY", value_name = "N")]

@@ -27,10 +27,10 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
     if !args.event_type.is_empty() {
         forward = forward.only(args.event_type.clone());
     }
-    let mut builder = Relay::builder(pool.clone())
-        .forward(forward)
-        .batch_size(args.batch_size)
-        .max_attempts(args.max_attempts);
+    let mut builder = Relay::builder(pool.clone()).forward(forward).max_attempts(args.max_attempts);
+    if let Some(rows) = args.batch_size {
+        builder = builder.batch_size(rows);
+    }
     if let Some(concurrency) = args.concurrency {
         builder = builder.concurrency(concurrency);
     }

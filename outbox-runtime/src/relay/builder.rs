@@ -260,9 +260,14 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
-    /// Most rows leased in one statement. Default 100.
+    /// Most rows leased in one statement. By default the relay sizes its leases from the
+    /// backlog: 100 rows while it keeps up, doubling while leases come back full, up to 1,000
+    /// (a large backlog drains fastest in large leases). A fixed size turns that off.
+    ///
+    /// Either way a relay leases no more than its handlers, at their average duration, start
+    /// within a third of the lease timeout.
     pub fn batch_size(mut self, rows: u32) -> Self {
-        self.config.batch_size = rows;
+        self.config.batch_size = Some(rows);
         self
     }
 
@@ -369,7 +374,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         if config.concurrency == 0 {
             return Err(BuildError::InvalidSetting("concurrency must be at least 1"));
         }
-        if config.batch_size == 0 {
+        if config.batch_size == Some(0) {
             return Err(BuildError::InvalidSetting("batch_size must be at least 1"));
         }
         let positive_i32 = |n: u32, error| match i32::try_from(n) {

@@ -85,7 +85,8 @@ pub enum DeadOrderedEvents {
 #[derive(Debug, Clone)]
 pub(crate) struct RelayConfig {
     pub(crate) concurrency: usize,
-    pub(crate) batch_size: u32,
+    /// `None`: sized from the backlog (see `pace.rs`).
+    pub(crate) batch_size: Option<u32>,
     pub(crate) max_attempts: u32,
     pub(crate) max_expired_leases: u32,
     pub(crate) lease_timeout: Duration,
@@ -104,7 +105,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             concurrency: 16,
-            batch_size: 100,
+            batch_size: None,
             max_attempts: 10,
             max_expired_leases: 30,
             lease_timeout: Duration::from_secs(30),

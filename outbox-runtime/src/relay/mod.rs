@@ -155,7 +155,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let chores = self.chores(&connections.relay);
 
         self.metrics.set_running(true);
-        let mut work = Work::new(held, acks);
+        let mut work = Work::new(held, acks, config.batch_size);
         let result = work.run(&self, &connections, &wake, shutdown).await;
         drop((listener, chores));
         work.shut_down(config.shutdown_timeout).await;

@@ -1,5 +1,7 @@
-//! How many rows a relay leases at once: no more than it can start before their leases need
-//! renewing, so rows wait in its queue for a fraction of a lease, not for many.
+//! How many rows a relay leases at once: as many as the backlog offers (one statement costs
+//! about the same for 100 rows as for 1,000, so a large backlog drains fastest in large leases),
+//! but no more than it can start before their leases need renewing, so rows wait in its queue for
+//! a fraction of a lease, not for many.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -40,9 +42,77 @@ impl Pace {
     }
 }
 
+/// The smallest lease an adaptive relay asks for: what it leases while it keeps up, so a few new
+/// events cost one small statement.
+const MIN_ADAPTIVE: u32 = 100;
+
+/// The largest: beyond it a lease's fixed cost no longer shows (see BENCHMARKS.md), while the rows
+/// one relay holds (and hands to another after a crash) keep growing.
+const MAX_ADAPTIVE: u32 = 1_000;
+
+/// The size of the next lease: fixed by the application, or adapted to the backlog. A lease that
+/// came back full says there is more waiting, so the next asks for twice as many; one that came
+/// back short says the relay has caught up, so the next asks for about what it found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchSize {
+    fixed: bool,
+    next: u32,
+}
+
+impl BatchSize {
+    /// `fixed`: the application's `batch_size`, if it set one.
+    pub(crate) fn new(fixed: Option<u32>) -> Self {
+        BatchSize { fixed: fixed.is_some(), next: fixed.unwrap_or(MIN_ADAPTIVE) }
+    }
+
+    pub(crate) fn next(&self) -> u32 {
+        self.next
+    }
+
+    /// Learns from a lease that asked for `asked` rows and got `found`.
+    pub(crate) fn found(&mut self, asked: u32, found: usize) {
+        if self.fixed {
+            return;
+        }
+        let found = u32::try_from(found).unwrap_or(u32::MAX);
+        let next =
+            if found >= asked { self.next.saturating_mul(2) } else { found.saturating_mul(2) };
+        self.next = next.clamp(MIN_ADAPTIVE, MAX_ADAPTIVE);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adaptive_leases_grow_with_the_backlog_and_shrink_when_caught_up() {
+        let mut size = BatchSize::new(None);
+        assert_eq!(size.next(), MIN_ADAPTIVE);
+        let mut sizes = Vec::new();
+        for _ in 0..6 {
+            let asked = size.next();
+            size.found(asked, asked as usize); // a backlog: every lease comes back full
+            sizes.push(size.next());
+        }
+        assert_eq!(sizes, [200, 400, 800, 1_000, 1_000, 1_000]);
+        size.found(1_000, 300);
+        assert_eq!(size.next(), 600, "about what the last lease found");
+        size.found(600, 3);
+        assert_eq!(size.next(), MIN_ADAPTIVE, "caught up");
+        // A lease the pace capped below the size, and full, still says there is more.
+        size.found(40, 40);
+        assert_eq!(size.next(), 200);
+    }
+
+    #[test]
+    fn a_fixed_batch_size_stays_fixed() {
+        let mut size = BatchSize::new(Some(300));
+        size.found(300, 300);
+        assert_eq!(size.next(), 300);
+        size.found(300, 0);
+        assert_eq!(size.next(), 300);
+    }
 
     #[test]
     fn slow_handlers_lease_what_they_can_start_before_a_renewal() {

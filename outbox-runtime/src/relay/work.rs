@@ -17,7 +17,7 @@ use crate::relay::connections::Connections;
 use crate::relay::deliver::Delivery;
 use crate::relay::held::Held;
 use crate::relay::idle::Idle;
-use crate::relay::pace::Pace;
+use crate::relay::pace::{BatchSize, Pace};
 use crate::relay::Relay;
 use crate::store;
 
@@ -38,11 +38,23 @@ pub(crate) struct Work<S> {
     held: Held,
     acks: mpsc::UnboundedSender<Ack>,
     pace: Pace,
+    batch_size: BatchSize,
 }
 
 impl<S: Clone + Send + Sync + 'static> Work<S> {
-    pub(crate) fn new(held: Held, acks: mpsc::UnboundedSender<Ack>) -> Self {
-        Work { queue: VecDeque::new(), tasks: JoinSet::new(), held, acks, pace: Pace::default() }
+    pub(crate) fn new(
+        held: Held,
+        acks: mpsc::UnboundedSender<Ack>,
+        batch_size: Option<u32>,
+    ) -> Self {
+        Work {
+            queue: VecDeque::new(),
+            tasks: JoinSet::new(),
+            held,
+            acks,
+            pace: Pace::default(),
+            batch_size: BatchSize::new(batch_size),
+        }
     }
 
     /// Leases and starts deliveries until `shutdown`; returns early only on a fatal error.
@@ -116,12 +128,16 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
     /// rows do not wait in the queue for longer than a renewal interval.
     async fn lease(&mut self, relay: &Relay<S>, pool: &PgPool) -> Result<bool, Error> {
         let config = &relay.config;
-        let limit =
-            self.pace.lease_limit(config.concurrency, config.lease_timeout / 3, config.batch_size);
+        let limit = self.pace.lease_limit(
+            config.concurrency,
+            config.lease_timeout / 3,
+            self.batch_size.next(),
+        );
         let _leasing = self.held.leasing(); // until its rows are recorded below
         let sent_at = Instant::now();
         let rows = store::lease(pool, &relay.plan.lease, i64::from(limit)).await?;
         relay.metrics.database_reached();
+        self.batch_size.found(limit, rows.len());
         let found = !rows.is_empty();
         for row in rows {
             if row.died {
