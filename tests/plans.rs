@@ -110,9 +110,21 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         Statement {
             name: "lease",
             sql: hooks::LEASE,
-            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
-            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
-            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!("{lease_args}, {FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        // Past a position: as a relay draining a backlog leases (here, the first rows' position).
+        Statement {
+            name: "lease_from",
+            sql: hooks::LEASE,
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!(
+                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}'"
+            ),
             touches: 100,
             local: None,
         },
@@ -250,33 +262,32 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     println!("{}", report.join("; "));
 }
 
-/// The relay's default lease of up to 100 `order.placed` rows, once prepared as `lease`.
-const LEASE: &str =
-    "EXECUTE lease(100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', '{1}')";
+/// The parameter types of the lease statement.
+const LEASE_PARAMETERS: &str =
+    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[]";
 
-async fn prepare_lease(conn: &mut sqlx::PgConnection) {
-    sqlx::query(sqlx::static_sql(format!(
-        "PREPARE lease(bigint, uuid, bigint, int, bool, text[], text[], int[]) AS {}",
-        hooks::LEASE
-    )))
-    .execute(conn)
-    .await
-    .unwrap();
-}
+/// The lease's arguments after `$5`: `order.placed` from the head of its pending rows.
+const FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}'";
 
-/// Shared buffers the lease statement reads to find its rows (the `candidates` part, not the
-/// update), from `EXPLAIN (ANALYZE, BUFFERS)`.
-async fn lease_buffers(pool: &PgPool) -> i64 {
+/// The relay's default lease of up to 100 `order.placed` rows from the head.
+const LEASE: &str = "100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', \
+                     '{1}', '{NULL}', '{NULL}'";
+
+/// Shared buffers the lease statement with these arguments reads to find its rows (the
+/// `candidates` part, not the update), from `EXPLAIN (ANALYZE, BUFFERS)`.
+async fn lease_buffers(pool: &PgPool, arguments: &str) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
-    prepare_lease(&mut conn).await;
+    sqlx::raw_sql(hooks::RELAY_SESSION).execute(&mut *conn).await.unwrap();
+    let prepare = format!("PREPARE lease({LEASE_PARAMETERS}) AS {}", hooks::LEASE);
+    sqlx::query(sqlx::static_sql(prepare)).execute(&mut *conn).await.unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(sqlx::static_sql(format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {LEASE}"
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE lease({arguments})"
     )))
     .fetch_one(&mut *conn)
     .await
     .unwrap();
     // The connection goes back to the pool, where the next call may get it again.
-    sqlx::query("DEALLOCATE lease").execute(&mut *conn).await.unwrap();
+    sqlx::raw_sql("DEALLOCATE lease; RESET ALL").execute(&mut *conn).await.unwrap();
     let candidates = find_node(&plan[0]["Plan"], "CTE candidates").expect("a candidates CTE");
     candidates["Shared Hit Blocks"].as_i64().unwrap()
         + candidates["Shared Read Blocks"].as_i64().unwrap()
@@ -293,7 +304,7 @@ fn find_node<'a>(node: &'a serde_json::Value, subplan: &str) -> Option<&'a serde
 async fn the_lease_reads_no_published_history(pool: PgPool) {
     migrated(&pool).await;
     emit_committed(&pool, &(0..100).map(placed).collect::<Vec<_>>()).await;
-    let without_history = lease_buffers(&pool).await;
+    let without_history = lease_buffers(&pool, LEASE).await;
     sqlx::query(
         "UPDATE outbox.events SET published_at = NULL, lease_token = NULL, available_at = now()",
     )
@@ -318,7 +329,7 @@ async fn the_lease_reads_no_published_history(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    let with_history = lease_buffers(&pool).await;
+    let with_history = lease_buffers(&pool, LEASE).await;
 
     eprintln!("lease buffers: {without_history} without history, {with_history} with; table {table_pages} pages");
     assert!(table_pages > 2_000, "the history is large: {table_pages} pages");
@@ -326,5 +337,55 @@ async fn the_lease_reads_no_published_history(pool: PgPool) {
         with_history <= 3 * 100 + 100 && with_history * 10 < table_pages,
         "the lease read {with_history} buffers with history ({without_history} without): it \
          should cost a few per pending row, whatever the history"
+    );
+}
+
+/// Rows a relay drained leave their index entries dead at the head of the pending index until
+/// vacuum: a lease from the head steps over all of them, a draining relay's lease from its
+/// position over none.
+#[sqlx::test(migrations = false)]
+async fn a_draining_relay_leases_past_the_rows_it_drained(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::query("ALTER TABLE outbox.events SET (autovacuum_enabled = false)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for _ in 0..PENDING / 5_000 {
+        emit_committed(&pool, &(0..5_000).map(placed).collect::<Vec<_>>()).await;
+    }
+    // Where the relay's last lease stopped, then the rows before it leased and published as a
+    // relay leases them: moved to the lease deadline, then marked.
+    let (at, seq): (String, i64) = sqlx::query_as(
+        "SELECT available_at::text, seq FROM outbox.events ORDER BY seq OFFSET $1 LIMIT 1",
+    )
+    .bind(PENDING * 3 / 4 - 1)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    for set in [
+        "lease_token = gen_random_uuid(), available_at = now() + interval '30 seconds'",
+        "published_at = now()",
+    ] {
+        let drain = format!("UPDATE outbox.events SET {set} WHERE seq <= $1");
+        sqlx::query(sqlx::static_sql(drain)).bind(seq).execute(&pool).await.unwrap();
+    }
+
+    let from_position = format!(
+        "100, gen_random_uuid(), 30000000, 10, false, '{{order}}', '{{order.placed}}', '{{1}}', \
+         '{{\"{at}\"}}', '{{{seq}}}'"
+    );
+    let past = lease_buffers(&pool, &from_position).await;
+    let from_head = lease_buffers(&pool, LEASE).await;
+    let leased: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.events WHERE published_at IS NULL AND lease_token IS NOT NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    eprintln!("lease buffers past {seq} drained rows: {past} from the position, {from_head} from the head");
+    assert_eq!(leased, 200, "each lease took 100 rows");
+    assert!(
+        past <= 3 * 100 + 100 && past * 5 < from_head,
+        "the lease past the position read {past} buffers, from the head {from_head}"
     );
 }

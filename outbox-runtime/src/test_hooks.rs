@@ -7,10 +7,11 @@ pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
 
 /// The relay's default lease statement. Parameters: `$1` limit, `$2` token, `$3` lease micros,
 /// `$4` most expired leases, `$5` skip dead ordered events, `$6` to `$8` handled aggregate
-/// types, event types and the newest version read of each.
+/// types, event types and the newest version read of each, `$9`, `$10` the `(available_at, seq)`
+/// each type's scan starts after (NULL: from the head).
 pub const LEASE: &str = crate::store::LEASE_HANDLED;
-/// The lease of a relay that takes every event type (`UnknownEvents::Fail`): parameters as
-/// [`LEASE`], `$6` to `$8` capping the versions of the types listed.
+/// The lease of a relay that takes every event type (`UnknownEvents::Fail`), from the head:
+/// parameters as [`LEASE`] up to `$8`, which cap the versions of the types listed.
 pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
@@ -64,7 +65,7 @@ pub mod steps {
             max_expired_leases,
             skip_dead_ordered,
         };
-        let rows = store::lease(pool, &plan, limit).await?;
+        let rows = store::lease(pool, &plan, store::Scan::Full, limit).await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.event_id, r.lease_token, r.attempts, r.expired_leases, r.died))

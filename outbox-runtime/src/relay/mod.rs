@@ -2,7 +2,8 @@
 //!
 //! The walk of a leased row, file by file:
 //! - `work.rs`: the loop leases a batch (`store::lease`, under a fresh fencing token) with the
-//!   plan decided in `builder.rs`, sized by `pace.rs`; `held.rs` records each row's lease and
+//!   plan decided in `builder.rs`, sized by `pace.rs`, starting where `cursor.rs` says (past the
+//!   rows leased last while draining a backlog); `held.rs` records each row's lease and
 //!   its deadline, and the row is queued as a `Delivery`.
 //! - `deliver.rs`: when a handler slot is free the delivery starts, if its lease is still valid;
 //!   `decode.rs` reads the payload as the handler's type from its stored version (JSON
@@ -21,6 +22,7 @@ mod builder;
 mod config;
 mod connections;
 mod context;
+mod cursor;
 mod decode;
 mod deliver;
 mod handler;

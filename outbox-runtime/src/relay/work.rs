@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::relay::acker::Ack;
 use crate::relay::connections::Connections;
+use crate::relay::cursor::Cursor;
 use crate::relay::deliver::Delivery;
 use crate::relay::held::Held;
 use crate::relay::idle::Idle;
@@ -39,6 +40,7 @@ pub(crate) struct Work<S> {
     acks: mpsc::UnboundedSender<Ack>,
     pace: Pace,
     batch_size: BatchSize,
+    cursor: Cursor,
 }
 
 impl<S: Clone + Send + Sync + 'static> Work<S> {
@@ -54,6 +56,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
             acks,
             pace: Pace::default(),
             batch_size: BatchSize::new(batch_size),
+            cursor: Cursor::default(),
         }
     }
 
@@ -135,9 +138,12 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         );
         let _leasing = self.held.leasing(); // until its rows are recorded below
         let sent_at = Instant::now();
-        let rows = store::lease(pool, &relay.plan.lease, i64::from(limit)).await?;
+        let scan = self.cursor.scan();
+        let from_head = matches!(scan, store::Scan::Full);
+        let rows = store::lease(pool, &relay.plan.lease, scan, i64::from(limit)).await?;
         relay.metrics.database_reached();
         self.batch_size.found(limit, rows.len());
+        self.cursor.leased(&relay.plan.lease, from_head, limit, &rows);
         let found = !rows.is_empty();
         for row in rows {
             if row.died {

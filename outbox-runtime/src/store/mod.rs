@@ -24,7 +24,9 @@ pub(crate) use ack::{
     fail, publish, publish_in, release, renew, still_leased, Failures, OnPublish,
 };
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
-pub(crate) use lease::{lease, LeasePlan, LeaseTypes, LeasedEvent, TypeVersions, RELAY_SESSION};
+pub(crate) use lease::{
+    lease, LeasePlan, LeaseTypes, LeasedEvent, Positions, Scan, TypeVersions, RELAY_SESSION,
+};
 pub use ops::DeadEvent;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
@@ -104,6 +106,7 @@ mod tests {
             types
         };
         let only = plan(LeaseTypes::Only(types()));
+        let positions = Positions::default();
         let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1));
@@ -118,8 +121,9 @@ mod tests {
             idempotency_key,
         };
         let statements = [
-            ("lease handled", parameters(lease::lease_query(&only, 10, Uuid::nil()))),
-            ("lease any", parameters(lease::lease_query(&all, 10, Uuid::nil()))),
+            ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil))),
+            ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil))),
+            ("lease from", parameters(lease::lease_query(&all, Scan::From(&positions), 10, nil))),
             ("publish", parameters(ack::publish_query(&ids, &tokens, OnPublish::Mark))),
             ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
