@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use crate::bare;
 use crate::events::{credited, Credited};
 
 pub async fn accounts(pool: &PgPool) {
@@ -25,6 +26,8 @@ pub enum Extra {
     /// The cheapest statement there is: the floor of any second statement's cost.
     SelectOne,
     Emit,
+    /// The same row as the emit's, by one plain INSERT into a table with only a primary key.
+    Bare,
 }
 
 /// `producers` tasks commit transactions of one UPDATE plus `extra` for `duration`; returns
@@ -51,6 +54,10 @@ pub async fn business(pool: &PgPool, producers: usize, duration: Duration, extra
                     Extra::Emit => {
                         let event = Credited { account: account as u32, cents: 1 };
                         outbox_runtime::emit(&mut tx, &event).await.unwrap();
+                    }
+                    Extra::Bare => {
+                        let event = Credited { account: account as u32, cents: 1 };
+                        bare::insert(&mut tx, &event).await;
                     }
                 }
                 tx.commit().await.unwrap();
@@ -84,7 +91,7 @@ pub async fn batches(pool: &PgPool, producers: usize, duration: Duration) -> f64
 
 /// Runs `producer(p, until)` as a task for each of `producers`, each working until `until`,
 /// `duration` from now; returns the sum of what they counted, per second.
-async fn per_second<F, Fut>(producers: usize, duration: Duration, producer: F) -> f64
+pub async fn per_second<F, Fut>(producers: usize, duration: Duration, producer: F) -> f64
 where
     F: Fn(usize, Instant) -> Fut,
     Fut: Future<Output = u64> + Send + 'static,

@@ -4,22 +4,34 @@
 //! `cargo run --release -p outbox-bench` prints a Markdown table of medians over `--runs`
 //! (default 3); `--json` prints the medians as JSON instead; `--quick` shrinks every size for a
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
-//! and the 200,000-event stale-statistics drain workloads; `--only emit,drain,...` runs just the
-//! named workloads (emit, drain, drain_stale, drain_stale_big, ordering, baselines, steady,
-//! history, memory, forward_nats, forward_rabbitmq). Ratios are computed within each run, then
-//! their median is reported. The forwarding workloads need NATS with JetStream on
+//! and scale workloads and the 200,000-event stale-statistics drain; `--only emit,drain,...`
+//! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
+//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, and those of issue #16
+//! "scale": scale, wal_locks, delete, batch, emit_bare, purge). Ratios are computed within each
+//! run, then their median is reported. The forwarding workloads need NATS with JetStream on
 //! 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest); they run only when `--only`
-//! names them.
+//! names them. Memory and scale run once, whatever `--runs` says: their million-event backlogs
+//! are expensive to lay down. Scale writes its snapshots (the lease's EXPLAIN ANALYZE, tuple
+//! counts and sizes at the start, middle and end of its big drain, and samples over time) to
+//! `--report PATH`, by default `target/bench-scale-report.txt`.
 
+mod bare;
 mod baseline;
+mod batch;
 mod db;
+mod delete;
 mod emit;
 mod events;
 mod forward;
 mod memory;
+mod probe;
+mod purge;
 mod relay;
+mod scale;
+mod wal_locks;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use db::{Database, Stats};
@@ -33,12 +45,14 @@ struct Args {
     json: bool,
     heavy: bool,
     only: Option<Vec<String>>,
+    /// Where the scale workload writes its snapshots.
+    report: PathBuf,
 }
 
 impl Args {
     /// Whether the workload `name` runs (`--only` names a subset; heavy ones can be skipped).
     fn runs(&self, name: &str) -> bool {
-        let heavy = matches!(name, "history" | "memory" | "drain_stale_big");
+        let heavy = matches!(name, "history" | "memory" | "drain_stale_big" | "scale");
         // The brokers are not part of every machine's setup: those run only when named.
         let brokers = name.starts_with("forward_");
         let default = !brokers && (!heavy || self.heavy);
@@ -52,6 +66,12 @@ struct Sizes {
     stale_big_drain: usize,
     history: usize,
     memory: usize,
+    /// The scale workload's big backlog.
+    scale: usize,
+    /// The batch-size sweep's backlog.
+    sweep: usize,
+    /// The backlog 8 relays drain while lock waits are sampled.
+    locks: usize,
     seconds: u64,
 }
 
@@ -85,6 +105,7 @@ fn args() -> Args {
         json: false,
         heavy: true,
         only: None,
+        report: PathBuf::from("target/bench-scale-report.txt"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,8 +118,10 @@ fn args() -> Args {
                 let names = it.next().expect("--only emit,drain,...");
                 args.only = Some(names.split(',').map(str::to_owned).collect());
             }
+            "--report" => args.report = it.next().expect("--report PATH").into(),
             other => panic!(
-                "unknown flag {other}: expected --runs N, --quick, --json, --skip-heavy, --only"
+                "unknown flag {other}: expected --runs N, --quick, --json, --skip-heavy, --only, \
+                 --report PATH"
             ),
         }
     }
@@ -119,6 +142,9 @@ async fn main() {
             stale_big_drain: 20_000,
             history: 200_000,
             memory: 50_000,
+            scale: 100_000,
+            sweep: 50_000,
+            locks: 20_000,
             seconds: 2,
         }
     } else {
@@ -128,12 +154,16 @@ async fn main() {
             stale_big_drain: 200_000,
             history: 5_000_000,
             memory: 1_000_000,
+            scale: 1_000_000,
+            sweep: 200_000,
+            locks: 100_000,
             seconds: 5,
         }
     };
     let mut s = Samples::default();
     let secs = Duration::from_secs(sizes.seconds);
-    let c = |relays, concurrency| Setup { relays, concurrency, batch_size: 100, ordered: false };
+    // The relay's defaults (leases sized by the relay) at the given relays and concurrency.
+    let c = |relays, concurrency| Setup { batch_size: None, ..Setup::new(relays, concurrency) };
 
     for run in 1..=args.runs {
         eprintln!("run {run} of {}", args.runs);
@@ -181,7 +211,7 @@ async fn main() {
             s.add("drain big c16", drain(sizes.big_drain, c(1, 16)).await);
             // A larger batch trades more rows held per relay (and redelivered after a crash)
             // for fewer lease statements: measured apart from the defaults.
-            let batch300 = drain(sizes.drain, Setup { batch_size: 300, ..c(1, 16) }).await;
+            let batch300 = drain(sizes.drain, Setup { batch_size: Some(300), ..c(1, 16) }).await;
             s.add("drain c16 batch 300", batch300);
         }
         // Statistics taken while the outbox was empty (autovacuum off), against the same drain
@@ -265,7 +295,93 @@ async fn main() {
             s.add("drain with history c16", rate);
             s.add("history vs empty", rate / c16);
         }
-        if !c16.is_nan() || stale.iter().any(|(w, ..)| args.runs(w)) {
+        // 9. issue #16 "scale": WAL, connections and lock waits.
+        if args.runs("wal_locks") {
+            let wal = wal_locks::wal(&args.url, 8, secs, sizes.drain).await;
+            for (what, per) in
+                [("emitted", &wal.emitted), ("bare", &wal.bare), ("delivered", &wal.delivered)]
+            {
+                s.add(format!("wal {what} bytes"), per.own);
+                s.add(format!("wal {what} full-page bytes"), per.full_pages);
+                s.add(format!("wal {what} cluster bytes"), per.cluster);
+            }
+            s.add("wal emit vs bare", wal.emitted.own / wal.bare.own);
+            s.add("wal other databases' commits", wal.other_commits as f64);
+            let held = wal_locks::connections(&args.url, Duration::from_secs(2), sizes.drain).await;
+            eprintln!("  relay connections while draining: {}", held.by_name);
+            s.add("relay connections bench", held.bench as f64);
+            s.add("relay connections idle", held.idle as f64);
+            s.add("relay connections draining", held.draining as f64);
+            let waits = wal_locks::lock_waits(&args.url, 8, sizes.locks).await;
+            eprintln!("  waits seen (backend-samples): {:?}", waits.by_event);
+            let share = |n: u64| 100.0 * n as f64 / waits.samples as f64;
+            s.add("locks 8 relays events/s", waits.events_per_second);
+            s.add("lock samples", waits.samples as f64);
+            s.add("lock wait samples %", share(waits.lock_samples));
+            s.add("lock waiters max", waits.most_lock as f64);
+            s.add("lwlock wait samples %", share(waits.lwlock_samples));
+            s.add("lwlock waiters max", waits.most_lwlock as f64);
+            duplicates.set(duplicates.get() + waits.duplicates);
+        }
+
+        // 10. deleting on publish against plain SQL deleting in its lease's transaction.
+        if args.runs("delete") {
+            let deleting = delete::relay(&args.url, sizes.drain, true).await;
+            let marking = delete::relay(&args.url, sizes.drain, false).await;
+            let sql100 = delete::plain_sql(&args.url, sizes.drain, 100).await;
+            let sql300 = delete::plain_sql(&args.url, sizes.drain, 300).await;
+            s.add("delete relay events/s", deleting);
+            s.add("delete mark events/s", marking);
+            s.add("delete sql b100 events/s", sql100);
+            s.add("delete sql b300 events/s", sql300);
+            s.add("delete vs sql", deleting / sql100.max(sql300));
+            s.add("delete vs mark", deleting / marking);
+        }
+
+        // 11. the lease size: default sizing against fixed batch sizes.
+        if args.runs("batch") {
+            let sweep = batch::sweep(&args.url, sizes.sweep).await;
+            s.add("batch default events/s", sweep.default);
+            for (size, rate) in batch::SIZES.iter().zip(&sweep.fixed) {
+                s.add(format!("batch {size} events/s"), *rate);
+            }
+            let (best, rate) = sweep.best();
+            s.add("batch best size", f64::from(best));
+            s.add("batch best events/s", rate);
+            s.add("batch default vs best", sweep.default / rate);
+            duplicates.set(duplicates.get() + sweep.duplicates);
+        }
+
+        // 12. emit against a bare INSERT of the same row, interleaved.
+        if args.runs("emit_bare") {
+            let db = Database::fresh(&args.url, "emit_bare").await;
+            emit::accounts(&db.pool).await;
+            bare::schema(&db.pool).await;
+            let (with_emit, with_bare) =
+                bare::against_emit(&db.pool, 8, secs, 3, run % 2 == 0).await;
+            db.drop().await;
+            s.add("emit_bare emit tx/s", with_emit);
+            s.add("emit_bare bare tx/s", with_bare);
+            s.add("bare vs emit", with_bare / with_emit);
+        }
+
+        // 13. retention under producers at full speed.
+        if args.runs("purge") {
+            for (name, producers) in
+                [("single", purge::Producers::Single), ("burst", purge::Producers::Batches)]
+            {
+                let kept = purge::keep_up(&args.url, producers, secs * 2).await;
+                s.add(format!("purge {name} produced/s"), kept.produced);
+                s.add(format!("purge {name} delivered/s"), kept.delivered);
+                s.add(format!("purge {name} deleted/s"), kept.deleted);
+                s.add(format!("purge {name} deleted vs produced"), kept.deleted / kept.produced);
+                s.add(format!("purge {name} published left"), kept.published as f64);
+                s.add(format!("purge {name} pending left"), kept.pending as f64);
+            }
+        }
+
+        let counted = ["drain_stale", "drain_stale_big", "wal_locks", "batch"];
+        if !c16.is_nan() || counted.iter().any(|w| args.runs(w)) {
             s.add("drain duplicates", duplicates.get() as f64);
         }
     }
@@ -280,11 +396,43 @@ async fn main() {
         s.add("memory drain events/s", rate);
     }
 
+    // 14. scale, once: a million-event backlog, twice.
+    let mut report = None;
+    if args.runs("scale") {
+        let scale = scale::run(&args.url, sizes.scale, sizes.drain).await;
+        s.add("scale big 1 relay events/s", scale.one.0);
+        s.add("scale small 1 relay events/s", scale.one.1);
+        s.add("scale big 4 relays events/s", scale.four.0);
+        s.add("scale small 4 relays events/s", scale.four.1);
+        s.add("scale 1 relay big vs small", scale.one.0 / scale.one.1);
+        s.add("scale 4 relays big vs small", scale.four.0 / scale.four.1);
+        s.add("scale duplicates", scale.duplicates as f64);
+        for snapshot in &scale.snapshots {
+            let at = snapshot.label;
+            s.add(format!("scale {at} dead tuples"), snapshot.stats.dead as f64);
+            let index = probe::mib(snapshot.size(probe::PENDING_INDEX));
+            s.add(format!("scale {at} pending index MiB"), index);
+            s.add(format!("scale {at} lease ms"), snapshot.lease.execution_ms);
+            s.add(format!("scale {at} lease buffers"), snapshot.lease.buffers as f64);
+        }
+        if let Some(dir) = args.report.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&args.report, &scale.report).unwrap();
+        report = Some(&args.report);
+    }
+
     if args.json {
         let medians: BTreeMap<&str, f64> = s.0.keys().map(|k| (k.as_str(), s.median(k))).collect();
         println!("{}", serde_json::to_string_pretty(&medians).unwrap());
     } else {
         print_table(&s, &sizes, args.runs);
+    }
+    if let Some(path) = report {
+        eprintln!("scale snapshots written to {}", path.display());
+        if !args.json {
+            println!("\nScale snapshots: {}", path.display());
+        }
     }
 }
 
@@ -463,6 +611,26 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             target(m("memory peak MiB") <= 64.0, "≤ 64 MiB"),
         ),
     ];
+    rows.extend(scale_rows(s, sizes));
+    for (name, producers) in
+        [("single", "8 producers, 1 emit per tx"), ("burst", "4 producers, emit_all of 100")]
+    {
+        let m = |what: &str| s.median(&format!("purge {name} {what}"));
+        rows.push((
+            format!("retention: {producers}, 1 relay, purge_published(0) in a loop"),
+            format!(
+                "deleted {:.0}/s vs produced {:.0}/s ({:.2}x; delivered {:.0}/s); at the end \
+                 {:.0} published rows unpurged, {:.0} pending",
+                m("deleted/s"),
+                m("produced/s"),
+                m("deleted vs produced"),
+                m("delivered/s"),
+                m("published left"),
+                m("pending left")
+            ),
+            target(m("deleted/s") >= m("produced/s"), "deleted/s ≥ produced/s"),
+        ));
+    }
     for (broker, name) in [("nats", "NATS JetStream"), ("rabbitmq", "RabbitMQ")] {
         let m = |what: &str| s.median(&format!("{broker} {what}"));
         rows.push((
@@ -525,6 +693,170 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
     for (workload, result, target) in rows.into_iter().filter(|(_, r, _)| !r.contains("NaN")) {
         println!("| {workload} | {result} | {target} |");
     }
+}
+
+/// The rows of the issue #16 "scale" workloads but retention's.
+fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
+    let m = |name: &str| s.median(name);
+    let d = sizes.drain;
+    let at = |what: &str| ["start", "middle", "end"].map(|p| m(&format!("scale {p} {what}")));
+    let (dead, index) = (at("dead tuples"), at("pending index MiB"));
+    let (lease, buffers) = (at("lease ms"), at("lease buffers"));
+    let fixed: Vec<String> =
+        batch::SIZES.iter().map(|n| format!("{:.0}", m(&format!("batch {n} events/s")))).collect();
+    vec![
+        (
+            format!("scale: drain {} vs {d}, 1 relay (defaults)", sizes.scale),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("scale 1 relay big vs small"),
+                m("scale big 1 relay events/s"),
+                m("scale small 1 relay events/s")
+            ),
+            target(m("scale 1 relay big vs small") >= 0.7, "≥ 0.7x"),
+        ),
+        (
+            format!("scale: drain {} vs {d}, 4 relays (defaults)", sizes.scale),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("scale 4 relays big vs small"),
+                m("scale big 4 relays events/s"),
+                m("scale small 4 relays events/s")
+            ),
+            target(m("scale 4 relays big vs small") >= 0.7, "≥ 0.7x"),
+        ),
+        (
+            format!(
+                "scale: drain {} by 1 relay, start / middle / end: dead tuples; pending index",
+                sizes.scale
+            ),
+            format!(
+                "{:.0} / {:.0} / {:.0}; {:.1} / {:.1} / {:.1} MiB",
+                dead[0], dead[1], dead[2], index[0], index[1], index[2]
+            ),
+            String::new(),
+        ),
+        (
+            "scale: the relay's lease there (EXPLAIN ANALYZE, rolled back)".into(),
+            format!(
+                "{:.2} / {:.2} / {:.2} ms; {:.0} / {:.0} / {:.0} shared buffers hit+read",
+                lease[0], lease[1], lease[2], buffers[0], buffers[1], buffers[2]
+            ),
+            String::new(),
+        ),
+        (
+            "scale: duplicate handler calls, every scale drain together".into(),
+            format!("{:.0}", m("scale duplicates")),
+            target(m("scale duplicates") == 0.0, "0"),
+        ),
+        (
+            format!(
+                "WAL per event, this database's records (of which full-page images): emitted (8 \
+                 producers, 1 emit per tx) / bare INSERT (the same) / delivered (drain {d}, 1 relay)"
+            ),
+            format!(
+                "{:.0} ({:.0}) / {:.0} ({:.0}) / {:.0} ({:.0}) bytes; emit {:.2}x bare",
+                m("wal emitted bytes"),
+                m("wal emitted full-page bytes"),
+                m("wal bare bytes"),
+                m("wal bare full-page bytes"),
+                m("wal delivered bytes"),
+                m("wal delivered full-page bytes"),
+                m("wal emit vs bare"),
+            ),
+            String::new(),
+        ),
+        (
+            "the same by pg_wal_lsn_diff, the whole cluster (other databases' commits meanwhile)"
+                .into(),
+            format!(
+                "{:.0} / {:.0} / {:.0} bytes ({:.0} commits elsewhere)",
+                m("wal emitted cluster bytes"),
+                m("wal bare cluster bytes"),
+                m("wal delivered cluster bytes"),
+                m("wal other databases' commits")
+            ),
+            String::new(),
+        ),
+        (
+            "connections of one relay (defaults), idle / draining".into(),
+            format!(
+                "{:.0} / {:.0} (beside the bench's own {:.0})",
+                m("relay connections idle"),
+                m("relay connections draining"),
+                m("relay connections bench")
+            ),
+            String::new(),
+        ),
+        (
+            format!("lock waits, 8 relays (defaults) draining {} together, sampled every 5 ms", sizes.locks),
+            format!(
+                "Lock: {:.1}% of {:.0} samples, at most {:.0} waiting; LWLock: {:.1}%, at most \
+                 {:.0}; {:.0} events/s",
+                m("lock wait samples %"),
+                m("lock samples"),
+                m("lock waiters max"),
+                m("lwlock wait samples %"),
+                m("lwlock waiters max"),
+                m("locks 8 relays events/s")
+            ),
+            String::new(),
+        ),
+        (
+            format!(
+                "drain {d}, 1 relay (defaults), delete_on_publish vs plain SQL deleting in its lease's \
+                 transaction (better of batch 100 and 300)"
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} / {:.0} events/s)",
+                m("delete vs sql"),
+                m("delete relay events/s"),
+                m("delete sql b100 events/s"),
+                m("delete sql b300 events/s")
+            ),
+            target(m("delete vs sql") >= 0.9, "≥ 0.9x"),
+        ),
+        (
+            format!("drain {d}, 1 relay (defaults), delete_on_publish vs marking published"),
+            format!("{:.2}x ({:.0} events/s marking)", m("delete vs mark"), m("delete mark events/s")),
+            String::new(),
+        ),
+        (
+            format!(
+                "drain {}, 1 relay, concurrency 16: default lease sizing vs the best fixed \
+                 batch_size",
+                sizes.sweep
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s at {:.0})",
+                m("batch default vs best"),
+                m("batch default events/s"),
+                m("batch best events/s"),
+                m("batch best size")
+            ),
+            target(m("batch default vs best") >= 0.95, "≥ 0.95x"),
+        ),
+        (
+            format!(
+                "the same with batch_size {}",
+                batch::SIZES.map(|n| n.to_string()).join(" / ")
+            ),
+            format!("{} events/s", fixed.join(" / ")),
+            String::new(),
+        ),
+        (
+            "bare INSERT of the same row vs emit: 8 producers, 1 UPDATE per tx, 3 rounds each, \
+             interleaved"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} tx/s)",
+                m("bare vs emit"),
+                m("emit_bare bare tx/s"),
+                m("emit_bare emit tx/s")
+            ),
+            target(m("bare vs emit") <= 1.1, "≤ 1.1x"),
+        ),
+    ]
 }
 
 fn target(met: bool, goal: &str) -> String {

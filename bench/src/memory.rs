@@ -8,7 +8,7 @@ use crate::relay::{drain, Setup};
 /// The child: drains `events` events from `url` with one relay, then prints its peak RSS.
 pub async fn child(url: &str, events: usize) {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
-    let setup = Setup { relays: 1, concurrency: 16, batch_size: 100, ordered: false };
+    let setup = Setup::new(1, 16);
     let rate = drain(&pool, events, setup).await.events_per_second;
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let peak_kib: u64 = status

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::events::{Credited, Posted};
 
 /// Handler calls, shared by every relay of a drain.
-type Calls = Arc<AtomicU64>;
+pub type Calls = Arc<AtomicU64>;
 
 /// Does nothing but count its calls.
 async fn noop<E>(ctx: EventContext<Calls>, _: E) -> Result<(), std::convert::Infallible> {
@@ -34,8 +34,41 @@ pub struct Drained {
 pub struct Setup {
     pub relays: usize,
     pub concurrency: usize,
-    pub batch_size: u32,
+    /// `None` leaves the relay's default lease sizing (no `batch_size` call).
+    pub batch_size: Option<u32>,
     pub ordered: bool,
+    /// `delete_on_publish(true)`: delivered rows are deleted instead of marked published.
+    pub delete: bool,
+}
+
+impl Setup {
+    /// `relays` relays of `concurrency`, leasing 100 rows at most, unordered, marking published.
+    pub fn new(relays: usize, concurrency: usize) -> Setup {
+        Setup { relays, concurrency, batch_size: Some(100), ordered: false, delete: false }
+    }
+
+    /// `relays` relays with the relay's defaults: concurrency 16, and leases sized by the relay.
+    pub fn defaults(relays: usize) -> Setup {
+        Setup { batch_size: None, ..Setup::new(relays, 16) }
+    }
+
+    /// One relay of this setup, its handler counting its calls in `calls`.
+    pub fn relay(&self, pool: &PgPool, calls: &Calls) -> Relay<Calls> {
+        let builder = Relay::builder(pool.clone())
+            .state(calls.clone())
+            .concurrency(self.concurrency)
+            .delete_on_publish(self.delete);
+        let builder = match self.batch_size {
+            Some(rows) => builder.batch_size(rows),
+            None => builder,
+        };
+        let builder = if self.ordered {
+            builder.handler(noop::<Posted>)
+        } else {
+            builder.handler(noop::<Credited>)
+        };
+        builder.build().unwrap()
+    }
 }
 
 /// A relay running in a task of its own until [`Running::stop`].
@@ -95,20 +128,7 @@ pub async fn until_delivered<S: Clone + Send + Sync + 'static>(
 /// Runs relays until `events` events are delivered.
 pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> Drained {
     let calls = Calls::default();
-    let relays = (0..setup.relays)
-        .map(|_| {
-            let builder = Relay::builder(pool.clone())
-                .state(calls.clone())
-                .concurrency(setup.concurrency)
-                .batch_size(setup.batch_size);
-            let builder = if setup.ordered {
-                builder.handler(noop::<Posted>)
-            } else {
-                builder.handler(noop::<Credited>)
-            };
-            builder.build().unwrap()
-        })
-        .collect();
+    let relays = (0..setup.relays).map(|_| setup.relay(pool, &calls)).collect();
     let rate = until_delivered(relays, events).await;
     Drained { events_per_second: rate, duplicates: calls.load(Ordering::Relaxed) - events as u64 }
 }
