@@ -171,8 +171,9 @@ macro_rules! first_in_aggregate {
 
 /// Selects and locks the oldest available rows of the types in `types` (a relation of
 /// `aggregate_type, event_type, newest_version, from_at, from_seq`) up to their newest version,
-/// past `(from_at, from_seq)` (from the head where NULL): one short scan of the `events_pending_by_type` index per type, so
-/// rows of other types cost nothing however many pile up.
+/// past `(from_at, from_seq)` (from the head where NULL): one short scan of the
+/// `events_pending_by_type` index per type, so rows of other types cost nothing however many
+/// pile up.
 macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
