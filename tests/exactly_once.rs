@@ -256,3 +256,106 @@ async fn a_follow_up_event_exists_iff_the_delivery_committed(pool: PgPool) {
     assert_eq!(stored, [(emitted[1].1, 2)], "only the committed delivery's follow-up exists");
     assert_eq!((counts.delivered, counts.failed), (1, 1));
 }
+
+/// Writes the delivery into the projection; the projection's deferred trigger decides at commit.
+async fn projects(mut ctx: TransactionContext<Log>, event: Noted) -> Result<(), BoxError> {
+    ctx.state().record(&ctx, event.account, event.n);
+    project(&mut ctx).await?;
+    Ok(())
+}
+
+/// A trigger on the projection that runs `body` at commit of the first transaction that writes
+/// it (a sequence counts them, outside any transaction).
+async fn at_first_commit(pool: &PgPool, body: &str) {
+    let statements = [
+        "CREATE SEQUENCE commits".to_owned(),
+        format!(
+            "CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 IF nextval('commits') = 1 THEN {body}; END IF; RETURN NULL; END $$"
+        ),
+        "CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON projection \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION at_commit()"
+            .to_owned(),
+    ];
+    for statement in statements {
+        sqlx::raw_sql(sqlx::static_sql(statement)).execute(pool).await.unwrap();
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_exhausted_pool_at_begin_costs_a_transactional_handler_no_attempt(pool: PgPool) {
+    migrated(&pool).await;
+    create_projection(&pool).await;
+    let id = emit_committed(&pool, &[noted(1, 1)]).await[0];
+    // The application's pool, one connection, taken by the test: `begin` times out.
+    let app = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(100))
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let taken = app.acquire().await.unwrap();
+    let log = Log::default();
+    // One attempt: a single failure counted would kill the event.
+    let relay = Running::start(
+        fast(Relay::builder(app.clone())).state(log.clone()).handler(projects).max_attempts(1),
+    );
+    eventually("the relay handed the row back a few times", || async {
+        relay.metrics.counts().released >= 3
+    })
+    .await;
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.dead, row.attempts, row.last_error), (false, 0, None), "no attempt counted");
+    assert_eq!(log.len(), 0, "the handler never ran without its transaction");
+
+    drop(taken);
+    until_published(&pool, id).await;
+    let counts = relay.stop().await;
+    assert_eq!(projection(&pool).await, [(id, 1)], "written once, on the first attempt");
+    assert_eq!((counts.delivered, counts.failed, counts.dead), (1, 0, 0));
+    assert_eq!(row_state(&pool, id).await.attempts, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_connection_lost_at_commit_costs_a_transactional_handler_no_attempt(pool: PgPool) {
+    migrated(&pool).await;
+    create_projection(&pool).await;
+    // The first commit's backend is terminated in the middle of committing.
+    at_first_commit(&pool, "PERFORM pg_terminate_backend(pg_backend_pid())").await;
+    let id = emit_committed(&pool, &[noted(1, 1)]).await[0];
+    let log = Log::default();
+    let counts = deliver(
+        &pool,
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(projects).max_attempts(1),
+        id,
+    )
+    .await;
+
+    assert_eq!(log.len(), 2, "delivered again after the lost commit");
+    assert_eq!(projection(&pool).await, [(id, 1)], "only the committed delivery's write stands");
+    let row = row_state(&pool, id).await;
+    assert_eq!((row.published, row.dead, row.attempts), (true, false, 0));
+    assert_eq!((counts.delivered, counts.failed, counts.released), (1, 0, 1));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_commit_the_database_refuses_is_the_handlers_failure(pool: PgPool) {
+    migrated(&pool).await;
+    create_projection(&pool).await;
+    // A deferred check the handler's write breaks: the commit itself is refused.
+    at_first_commit(&pool, "RAISE EXCEPTION 'projection rejected at commit'").await;
+    let id = emit_committed(&pool, &[noted(1, 1)]).await[0];
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).state(log.clone()).handler(projects).max_attempts(1),
+    );
+    eventually("the event is dead", || async { row_state(&pool, id).await.dead }).await;
+    let counts = relay.stop().await;
+
+    let row = row_state(&pool, id).await;
+    assert_eq!(row.attempts, 1);
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("projection rejected at commit"), "{error}");
+    assert_eq!(projection(&pool).await, [], "nothing committed");
+    assert_eq!((counts.delivered, counts.failed, counts.dead), (0, 1, 1));
+}

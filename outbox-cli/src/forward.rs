@@ -5,7 +5,7 @@ use std::time::Duration;
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
 use outbox_runtime::forward::redis::{redis, RedisSink};
-use outbox_runtime::forward::Forward;
+use outbox_runtime::forward::{Forward, SinkStatus};
 use outbox_runtime::{Relay, RelayCounts, RelayMetrics};
 use sqlx::PgPool;
 use tokio::signal::unix::{signal, SignalKind};
@@ -49,8 +49,8 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
 }
 
 /// Binds `address` and returns the server that answers `/metrics` (the relay's counters and
-/// histograms, Prometheus text) and `/health` (200 while the relay runs and reached the
-/// database within 30 s, else 503).
+/// histograms, Prometheus text) and `/health` (200 while the relay runs, reached the database
+/// within 30 s and its broker answers; else 503, with the reason).
 async fn serve_metrics(
     address: std::net::SocketAddr,
     relay: RelayMetrics,
@@ -65,12 +65,20 @@ async fn serve_metrics(
         .install_recorder()
         .map_err(|error| cannot("recorder", &error))?;
     let health = move || {
-        let healthy = relay.is_healthy(Duration::from_secs(30));
-        std::future::ready(if healthy {
-            (StatusCode::OK, "ok\n")
+        let answer = if !relay.is_healthy(Duration::from_secs(30)) {
+            let down = "relay not running or database unreachable\n";
+            (StatusCode::SERVICE_UNAVAILABLE, down.to_owned())
+        } else if let Some(SinkStatus::Unavailable { reason, since }) = relay.sink_status() {
+            let since = since.format("%Y-%m-%dT%H:%M:%SZ");
+            let paused = format!(
+                "broker unavailable since {since}: {reason}\nforwarding paused; events wait \
+                 with no attempt counted, and the relay checks the broker until it answers\n"
+            );
+            (StatusCode::SERVICE_UNAVAILABLE, paused)
         } else {
-            (StatusCode::SERVICE_UNAVAILABLE, "relay not running or database unreachable\n")
-        })
+            (StatusCode::OK, "ok\n".to_owned())
+        };
+        std::future::ready(answer)
     };
     let app = axum::Router::new()
         .route("/metrics", get(move || std::future::ready(prometheus.render())))

@@ -96,3 +96,66 @@ pub enum InvalidEvent {
 
 /// A boxed error, as handlers return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Whether a database error is the database's unavailability (no connection to be had, the
+/// connection lost, the server shutting down or out of resources) rather than a statement's
+/// refusal: what the relay never counts against an event.
+pub(crate) fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exceptions; 53: insufficient resources (too many connections,
+        // out of memory, disk full); 57P01 to 57P03: shutting down, or not accepting
+        // connections yet.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(&*code, "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
+/// Shows an error with its whole chain of causes, `error: cause: cause`, like anyhow's `{:#}`:
+/// what log lines print, so the cause (`terminating connection due to administrator command`)
+/// is never left in `source()` only.
+pub(crate) struct ErrorChain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            // Some errors (sqlx's among them) end their own message with their source's: each
+            // text is printed once.
+            let text = cause.to_string();
+            if !last.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_shows_every_cause_once() {
+        let io = std::io::Error::other("terminating connection due to administrator command");
+        let error = Error::Database(sqlx::Error::Io(io));
+        assert_eq!(
+            ErrorChain(&error).to_string(),
+            "outbox database error: error communicating with database: terminating connection \
+             due to administrator command"
+        );
+    }
+}

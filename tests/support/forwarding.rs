@@ -32,7 +32,7 @@ impl<S: Sink> Sink for Flaky<S> {
                 .iter()
                 .zip(refused)
                 .map(|(message, refused)| match refused {
-                    true => Err(SinkError::new(&message.destination, "refused by the test")),
+                    true => Err(SinkError::refused(&message.destination, "refused by the test")),
                     false => published.next().expect("one outcome per message"),
                 })
                 .collect()

@@ -26,6 +26,7 @@
 //! A Kafka sink is a small addition on this trait: the message's `key` (the aggregate id) is the
 //! record key, so one aggregate stays on one partition, and its id a header.
 
+mod health;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -40,7 +41,13 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use uuid::Uuid;
 
+pub use health::SinkStatus;
+pub(crate) use health::{probe, SinkHealth};
 pub(crate) use route::ForwardRoute;
+
+/// Longest the relay waits for a sink to confirm a batch: past it, the batch's outcome is
+/// unknown, the sink is taken as unavailable and the messages are sent again once it answers.
+pub const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One message for a broker, mapped from an outbox row (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +67,13 @@ pub struct OutboundMessage {
     pub payload: Vec<u8>,
 }
 
-/// Why a broker did not take a message (or a sink cannot start).
+/// Why a broker did not take a message (or a sink cannot start), and whose fault it is.
+///
+/// The [`kind`](SinkError::kind) decides what the relay does: a message the broker
+/// [refused](SinkErrorKind::Refused) is a failed delivery attempt, retried with backoff until
+/// the event's attempts run out; a broker that was [unavailable](SinkErrorKind::Unavailable)
+/// costs the event nothing: the row goes back to pending with no attempt counted, and the relay
+/// stops leasing for the sink until its [check](Sink::check) passes again.
 #[derive(Debug, thiserror::Error)]
 #[error("{destination}: {reason}")]
 pub struct SinkError {
@@ -68,24 +81,61 @@ pub struct SinkError {
     pub destination: String,
     /// What went wrong, in the broker's words.
     pub reason: String,
+    kind: SinkErrorKind,
+}
+
+/// Whose fault a [`SinkError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SinkErrorKind {
+    /// The broker refused this message (unroutable, too large, no stream covers its subject, a
+    /// key of another type, rejected): a failed attempt of the event.
+    Refused,
+    /// The broker could not be reached, the connection was lost, or no confirmation came in
+    /// time, so the message may or may not have arrived: not the event's fault. It is sent again
+    /// under the same message id once the broker answers.
+    Unavailable,
 }
 
 impl SinkError {
-    /// An error for `destination`.
-    pub fn new(destination: impl Into<String>, reason: impl fmt::Display) -> Self {
-        SinkError { destination: destination.into(), reason: reason.to_string() }
+    /// The broker refused the message for `destination`: a failed attempt of its event.
+    pub fn refused(destination: impl Into<String>, reason: impl fmt::Display) -> Self {
+        SinkError::with_kind(SinkErrorKind::Refused, destination, reason)
+    }
+
+    /// The broker was unavailable for `destination` (unreachable, connection lost, no
+    /// confirmation in time): the event waits, no attempt counted.
+    pub fn unavailable(destination: impl Into<String>, reason: impl fmt::Display) -> Self {
+        SinkError::with_kind(SinkErrorKind::Unavailable, destination, reason)
+    }
+
+    fn with_kind(
+        kind: SinkErrorKind,
+        destination: impl Into<String>,
+        reason: impl fmt::Display,
+    ) -> Self {
+        SinkError { destination: destination.into(), reason: reason.to_string(), kind }
+    }
+
+    /// Whose fault it is.
+    pub fn kind(&self) -> SinkErrorKind {
+        self.kind
     }
 }
 
 /// A message broker a relay forwards to. Implementations publish a batch at once (sending every
 /// message before awaiting any confirmation) and report one outcome per message, in order.
 pub trait Sink: Send + Sync + 'static {
-    /// Checks at start that the broker is reachable and set up to take the relay's messages
-    /// (a stream or exchange exists), so a misconfigured sink stops the relay with an error
-    /// instead of failing every delivery.
+    /// Checks that the broker is reachable and set up to take the relay's messages (a stream
+    /// or exchange exists). At start, a failed check stops the relay with an error, so a
+    /// misconfigured sink does not fail every delivery; while the sink is unavailable, the relay
+    /// calls it with backoff and resumes delivering once it passes.
     fn check(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 
-    /// Publishes `batch`; resolves once the broker confirmed (or refused) each message.
+    /// Publishes `batch`; resolves once the broker confirmed (or refused) each message. An
+    /// outcome the sink cannot know (sent, never confirmed) is [`SinkErrorKind::Unavailable`].
+    /// The relay gives a batch [`PUBLISH_TIMEOUT`] and takes a batch still unconfirmed then as
+    /// unavailable.
     fn publish<'a>(
         &'a self,
         batch: &'a [OutboundMessage],

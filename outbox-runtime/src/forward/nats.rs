@@ -6,14 +6,27 @@
 //! the server (`no responders`): a failed delivery naming the subject. A message larger than the
 //! server's `max_payload` is refused before it is sent: the server would answer it by closing
 //! the connection, failing every other message in flight with it.
+//!
+//! A lost connection, a client that cannot send, an acknowledgement that does not come within
+//! the JetStream context's timeout, or `no responders` while the sink's own stream does not
+//! answer either, is [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay pauses
+//! and sends the message again, under the same `Nats-Msg-Id`, once the server answers. The
+//! client buffers what it is given while disconnected and sends it on reconnecting, so a message
+//! the relay took as unconfirmed can reach the stream; the stream's duplicate window (two
+//! minutes by default) drops the repeat, so keep it longer than the outages to ride out without
+//! a duplicate.
 
 /// The `async-nats` this sink is built on, so your client is the one it takes.
 pub use async_nats;
 
+use async_nats::connection::State;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, message::PublishMessage};
 use async_nats::HeaderMap;
 use futures_util::future::{join_all, BoxFuture};
+use tokio::sync::OnceCell;
 
+use crate::error::ErrorChain;
 use crate::forward::{OutboundMessage, Sink, SinkError};
 
 /// Publishes to NATS JetStream, into the streams whose subjects cover each destination.
@@ -35,7 +48,11 @@ impl Sink for NatsSink {
     fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
             let what = format!("stream `{}`", self.stream);
-            self.jetstream.get_stream(&self.stream).await.map_err(|e| SinkError::new(what, e))?;
+            if self.client.connection_state() != State::Connected {
+                return Err(SinkError::unavailable(what, "not connected to the NATS server"));
+            }
+            let found = self.jetstream.get_stream(&self.stream).await;
+            found.map_err(|e| SinkError::unavailable(what, ErrorChain(&e)))?;
             Ok(())
         })
     }
@@ -55,7 +72,7 @@ impl Sink for NatsSink {
                         "message of {size} bytes (payload and headers) exceeds the server's \
                          max_payload of {max_payload} bytes"
                     );
-                    sent.push(Err(too_large));
+                    sent.push(Err(SinkError::refused(&message.destination, too_large)));
                     continue;
                 }
                 let publish = PublishMessage::build()
@@ -64,12 +81,45 @@ impl Sink for NatsSink {
                     .message_id(message.id.to_string());
                 let destination = message.destination.clone();
                 let sent_one = self.jetstream.send_publish(destination, publish).await;
-                sent.push(sent_one.map_err(|error| error.to_string()));
+                // Not sent: the client is closed or its buffer full, whatever the message.
+                let unsent = |e| SinkError::unavailable(&message.destination, ErrorChain(&e));
+                sent.push(sent_one.map_err(unsent));
             }
-            let acks = sent.into_iter().zip(batch).map(|(sent, message)| async move {
-                let refused = |e: &dyn std::fmt::Display| SinkError::new(&message.destination, e);
-                let ack = sent.map_err(|e| refused(&e))?;
-                ack.await.map(|_| ()).map_err(|e| refused(&e))
+            // Asked at most once a batch, if the server answers that no stream takes a subject.
+            let stream_answers = OnceCell::new();
+            let acks = sent.into_iter().zip(batch).map(|(sent, message)| {
+                let stream_answers = &stream_answers;
+                async move {
+                    let Err(error) = sent?.await else { return Ok(()) };
+                    let destination = &message.destination;
+                    Err(match error.kind() {
+                        PublishErrorKind::StreamNotFound => {
+                            // `no responders`: no stream takes the subject, or JetStream itself
+                            // is not answering (starting up, its leader away).
+                            let ask = || async { self.jetstream.get_stream(&self.stream).await };
+                            if *stream_answers.get_or_init(|| async { ask().await.is_ok() }).await {
+                                SinkError::refused(destination, ErrorChain(&error))
+                            } else {
+                                let reason = format!(
+                                    "{}, and stream `{}` does not answer either: JetStream is \
+                                     unavailable",
+                                    ErrorChain(&error),
+                                    self.stream
+                                );
+                                SinkError::unavailable(destination, reason)
+                            }
+                        }
+                        // Sent, never acknowledged: it may be in the stream. Sent again under the
+                        // same `Nats-Msg-Id`, it is dropped as a repeat.
+                        PublishErrorKind::TimedOut
+                        | PublishErrorKind::BrokenPipe
+                        | PublishErrorKind::MaxAckPending => {
+                            SinkError::unavailable(destination, ErrorChain(&error))
+                        }
+                        // The stream's own answer: limits, a rejected message.
+                        _ => SinkError::refused(destination, ErrorChain(&error)),
+                    })
+                }
             });
             join_all(acks).await
         })

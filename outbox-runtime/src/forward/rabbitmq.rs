@@ -21,13 +21,18 @@
 //! - [`RabbitSink::from_uri`] keeps the URI and the connection properties, and opens a new
 //!   connection at the next batch (or start check) once the current one is no longer connected:
 //!   delivery resumes by itself when the broker is back. An attempt is bounded by
-//!   [`CONNECT_TIMEOUT`], so during an outage a batch fails fast (and its rows are retried with
-//!   the relay's backoff) instead of hanging; batches that waited for an attempt that failed
+//!   [`CONNECT_TIMEOUT`], so during an outage a batch fails fast (its rows go back to pending
+//!   while the relay checks the broker) instead of hanging; batches that waited for an attempt that failed
 //!   fail with its error rather than each trying again. A failed attempt is a [`SinkError`]
 //!   naming the routing key (the exchange, at start) and the cause, never the URI, which may
 //!   hold a password.
 //! - [`RabbitSink::new`] takes a connection it cannot reopen: once that connection closed,
-//!   deliveries fail and their rows stay pending until the relay is restarted on a new one.
+//!   the sink stays unavailable and rows stay pending until the relay is restarted on a new one.
+//!
+//! A message no queue takes, or one the broker refuses (`basic.nack`), is a failed attempt of its
+//! event; a broker that cannot be reached, a channel or connection closed before the
+//! confirmation came, are [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay
+//! pauses and sends the message again once the broker answers.
 //!
 //! Do not combine `from_uri` with lapin's own `enable_auto_recover`: the sink already
 //! reconnects, and two mechanisms recovering one connection race each other.
@@ -47,6 +52,7 @@ use lapin::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+use crate::error::ErrorChain;
 use crate::forward::{OutboundMessage, Sink, SinkError};
 
 /// AMQP delivery mode 2: the broker writes the message to disk (in a durable queue).
@@ -205,9 +211,9 @@ impl Sink for RabbitSink {
                 let connection = self
                     .connected(&mut current, asked)
                     .await
-                    .map_err(|e| SinkError::new(&what, e))?;
+                    .map_err(|e| SinkError::unavailable(&what, e))?;
                 within(connection.create_channel()).await.map_err(|e| {
-                    SinkError::new(&what, format_args!("cannot open a channel: {e}"))
+                    SinkError::unavailable(&what, format_args!("cannot open a channel: {e}"))
                 })?
             };
             let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
@@ -219,7 +225,7 @@ impl Sink for RabbitSink {
                     FieldTable::default(),
                 )
                 .await
-                .map_err(|e| SinkError::new(&what, e))?;
+                .map_err(|e| SinkError::unavailable(&what, e))?;
             let _ = channel.close(200, "checked".into()).await;
             Ok(())
         })
@@ -236,7 +242,7 @@ impl Sink for RabbitSink {
                     let reason = format!("exchange `{}`: {e}", self.exchange);
                     return batch
                         .iter()
-                        .map(|m| Err(SinkError::new(&m.destination, &reason)))
+                        .map(|m| Err(SinkError::unavailable(&m.destination, &reason)))
                         .collect();
                 }
             };
@@ -255,8 +261,13 @@ impl Sink for RabbitSink {
                 sent.push(published);
             }
             let confirms = sent.into_iter().zip(batch).map(|(sent, message)| async move {
-                let refused = |e: &dyn std::fmt::Display| SinkError::new(&message.destination, e);
-                let confirmation = sent.map_err(|e| refused(&e))?.await.map_err(|e| refused(&e))?;
+                let refused =
+                    |e: &dyn std::fmt::Display| SinkError::refused(&message.destination, e);
+                // Not sent, or sent and never confirmed (the channel or connection closed): the
+                // broker may have it, and it is sent again once the broker answers.
+                let unavailable =
+                    |e: lapin::Error| SinkError::unavailable(&message.destination, ErrorChain(&e));
+                let confirmation = sent.map_err(unavailable)?.await.map_err(unavailable)?;
                 match confirmation {
                     Confirmation::Ack(None) => Ok(()),
                     Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
@@ -267,9 +278,10 @@ impl Sink for RabbitSink {
                         )))
                     }
                     Confirmation::Nack(None) => Err(refused(&"refused by the broker (nack)")),
-                    Confirmation::NotRequested => {
-                        Err(refused(&"the channel is not in publisher-confirm mode"))
-                    }
+                    Confirmation::NotRequested => Err(SinkError::unavailable(
+                        &message.destination,
+                        "the channel is not in publisher-confirm mode",
+                    )),
                 }
             });
             join_all(confirms).await

@@ -16,6 +16,12 @@
 //! Redis answered it. A batch is sent as one pipeline, not a transaction: one outcome per
 //! command, so a key holding another type (`WRONGTYPE`) fails its own messages only.
 //!
+//! A key of another type (`WRONGTYPE`) or another refusal of the command is a failed attempt of
+//! its event; a connection lost or refused, a timeout, or a server that cannot take writes now
+//! (`LOADING`, `OOM`, `READONLY`, `MASTERDOWN`, ...) is
+//! [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay pauses and appends the
+//! entry again once the server answers.
+//!
 //! Redis has no broker-side deduplication: after a relay crash between Redis's reply and the
 //! row's acknowledgement an entry can be appended twice, and consumers deduplicate by the `id`
 //! field.
@@ -24,9 +30,10 @@
 pub use ::redis;
 
 use ::redis::aio::ConnectionManager;
-use ::redis::RedisResult;
+use ::redis::{RedisError, RedisResult};
 use futures_util::future::BoxFuture;
 
+use crate::error::ErrorChain;
 use crate::forward::{OutboundMessage, Sink, SinkError};
 
 /// Appends to Redis streams, one stream key per destination.
@@ -46,7 +53,8 @@ impl Sink for RedisSink {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             let pong: RedisResult<String> = ::redis::cmd("PING").query_async(&mut connection).await;
-            pong.map(drop).map_err(|e| SinkError::new("redis server (PING)", e))
+            pong.map(drop)
+                .map_err(|e| SinkError::unavailable("redis server (PING)", ErrorChain(&e)))
         })
     }
 
@@ -75,12 +83,45 @@ impl Sink for RedisSink {
                     .zip(replies.into_iter().map(Some).chain(std::iter::repeat_with(|| None)))
                     .map(|(message, reply)| match reply {
                         Some(Ok(_entry_id)) => Ok(()),
-                        Some(Err(e)) => Err(SinkError::new(&message.destination, e)),
-                        None => Err(SinkError::new(&message.destination, "no reply from redis")),
+                        Some(Err(e)) if is_unavailable(&e) => {
+                            Err(SinkError::unavailable(&message.destination, ErrorChain(&e)))
+                        }
+                        Some(Err(e)) => {
+                            Err(SinkError::refused(&message.destination, ErrorChain(&e)))
+                        }
+                        None => {
+                            Err(SinkError::unavailable(&message.destination, "no reply from redis"))
+                        }
                     })
                     .collect(),
-                Err(e) => batch.iter().map(|m| Err(SinkError::new(&m.destination, &e))).collect(),
+                // The pipeline as a whole failed: the connection, not a message.
+                Err(e) => batch
+                    .iter()
+                    .map(|m| Err(SinkError::unavailable(&m.destination, ErrorChain(&e))))
+                    .collect(),
             }
         })
     }
+}
+
+/// Whether a command's error is the server's state (unreachable, loading, out of memory, a
+/// replica or cluster unavailable) rather than a refusal of the message (`WRONGTYPE`, a
+/// malformed command).
+fn is_unavailable(error: &RedisError) -> bool {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    let transport = error.is_io_error() || error.is_connection_dropped() || error.is_timeout();
+    let server_state = matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+        )
+    );
+    let busy = matches!(error.code(), Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS"));
+    transport || server_state || busy
 }

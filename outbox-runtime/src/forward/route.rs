@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::forward::{Forward, OutboundMessage, Sink, SinkError};
+use crate::forward::PUBLISH_TIMEOUT;
+use crate::forward::{Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth};
 use crate::relay::{DecodeError, DeliveryLease, Payload, Route, RouteFuture, RowMeta, Settled};
 
 /// Most messages published in one batch.
@@ -16,13 +17,14 @@ type Pending = (OutboundMessage, oneshot::Sender<Result<(), SinkError>>);
 
 pub(crate) struct ForwardRoute {
     forward: Forward,
+    health: Arc<SinkHealth>,
     /// The batcher's inbox, started with the first delivery (on the relay's runtime).
     batcher: OnceLock<mpsc::UnboundedSender<Pending>>,
 }
 
 impl ForwardRoute {
-    pub(crate) fn new(forward: Forward) -> Self {
-        ForwardRoute { forward, batcher: OnceLock::new() }
+    pub(crate) fn new(forward: Forward, health: Arc<SinkHealth>) -> Self {
+        ForwardRoute { forward, health, batcher: OnceLock::new() }
     }
 
     fn batcher(&self) -> &mpsc::UnboundedSender<Pending> {
@@ -84,14 +86,26 @@ impl<S> Route<S> for ForwardRoute {
         payload: Payload<'_>,
         _: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
+        if !self.health.is_available() {
+            // Queued before the sink went down: back to pending untried.
+            let waiting = "the sink is unavailable".to_owned();
+            return Ok(Box::pin(async move { Ok(Settled::Unavailable(waiting)) }));
+        }
         let message = self.message(&meta, payload.json);
         let (done, outcome) = oneshot::channel();
         let sent = self.batcher().send((message, done));
+        let health = self.health.clone();
         Ok(Box::pin(async move {
             sent.map_err(|_| "the forwarding batcher stopped")?;
             let published = outcome.await.map_err(|_| "the broker's confirmation was lost")?;
-            published?;
-            Ok(Settled::Handled)
+            match published {
+                Ok(()) => Ok(Settled::Handled),
+                Err(error) if error.kind() == SinkErrorKind::Unavailable => {
+                    health.went_down(&error);
+                    Ok(Settled::Unavailable(error.to_string()))
+                }
+                Err(refused) => Err(refused.into()),
+            }
         }))
     }
 }
@@ -112,11 +126,19 @@ async fn batch(sink: Arc<dyn Sink>, mut inbox: mpsc::UnboundedReceiver<Pending>)
         let sink = sink.clone();
         tokio::spawn(async move {
             let (messages, senders): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
-            let outcomes = sink.publish(&messages).await;
-            let mut outcomes = outcomes.into_iter();
+            let published = tokio::time::timeout(PUBLISH_TIMEOUT, sink.publish(&messages)).await;
+            let timed_out = published.is_err();
+            let mut outcomes = published.unwrap_or_default().into_iter();
             for (message, sender) in messages.iter().zip(senders) {
                 let outcome = outcomes.next().unwrap_or_else(|| {
-                    Err(SinkError::new(&message.destination, "the sink reported no outcome"))
+                    let unknown = if timed_out {
+                        "no confirmation from the broker within the publish timeout"
+                    } else {
+                        "the sink reported no outcome for this message"
+                    };
+                    // Not the message's fault, and it may have arrived: sent again later
+                    // under the same message id.
+                    Err(SinkError::unavailable(&message.destination, unknown))
                 });
                 let _ = sender.send(outcome);
             }

@@ -8,12 +8,12 @@ use sqlx::PgPool;
 
 use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
-use crate::forward::{Forward, ForwardRoute};
+use crate::forward::{Forward, ForwardRoute, SinkHealth};
 use crate::relay::config::{Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents};
 use crate::relay::decode::{JsonUpcaster, JsonUpcasters};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
-use crate::relay::{Plan, Relay, Routes};
+use crate::relay::{Forwarding, Plan, Relay, Routes};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
@@ -422,10 +422,14 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
 
         // The sink takes every leased row no handler takes: with `Forward::only`, the relay
         // leases just the handled and the forwarded types; without, it leases every type.
-        let sink = self.forward.as_ref().map(|forward| forward.sink.clone());
+        let forwarding = self
+            .forward
+            .as_ref()
+            .map(|forward| Forwarding { sink: forward.sink.clone(), health: SinkHealth::new() });
         let forwarded = self.forward.as_ref().map(|forward| forward.event_types.clone());
-        let fallback = self.forward.map(|forward| {
-            let route: Arc<dyn Route<S>> = Arc::new(ForwardRoute::new(forward));
+        let fallback = self.forward.zip(forwarding.as_ref()).map(|(forward, forwarding)| {
+            let route: Arc<dyn Route<S>> =
+                Arc::new(ForwardRoute::new(forward, forwarding.health.clone()));
             route
         });
         // Rows newer than a handler reads stay for newer relays, unless they are to fail.
@@ -439,6 +443,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             };
             types.push(aggregate_type, name, newest);
         }
+        // While the sink is unavailable a relay that also handles events leases only those.
+        let handled_types = (!types.event_types.is_empty()).then(|| types.clone());
         for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
             if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str()))
             {
@@ -462,16 +468,22 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             let wakes_for = types.event_types.clone();
             (LeaseTypes::Only(types), Some(wakes_for))
         };
+        let lease_plan = |types| LeasePlan {
+            types,
+            lease_timeout: config.lease_timeout,
+            max_expired_leases,
+            skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
+        };
         let plan = Plan {
-            lease: LeasePlan {
-                types,
-                lease_timeout: config.lease_timeout,
-                max_expired_leases,
-                skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
-            },
+            lease: lease_plan(types),
+            while_sink_down: forwarding
+                .as_ref()
+                .and(handled_types)
+                .map(|types| lease_plan(LeaseTypes::Only(types))),
             wakes_for,
             max_attempts,
         };
+        let metrics = RelayMetrics::new(forwarding.as_ref().map(|f| f.health.clone()));
         Ok(Relay {
             pool: self.pool,
             state: self.state,
@@ -479,10 +491,10 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             newest_read,
             upcasters: Arc::new(upcasters),
             fallback,
-            sink,
+            forwarding,
             config,
             plan,
-            metrics: RelayMetrics::default(),
+            metrics,
         })
     }
 }

@@ -141,6 +141,10 @@ impl<S> Delivery<S> {
                 Outcome::Published
             }
             Ok(Settled::LeaseLost) => Outcome::LeaseLost,
+            Ok(Settled::Unavailable(why)) => {
+                tracing::debug!(%why, "outbox event not delivered: handed back, no attempt counted");
+                Outcome::Released
+            }
             Err(error) => {
                 // The text can quote the payload (serde's errors do), so it stays at debug
                 // level; it is kept in `last_error` for operators.

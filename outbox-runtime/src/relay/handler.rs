@@ -101,6 +101,9 @@ pub(crate) enum Settled {
     Published,
     /// The handler's transaction found the lease taken over and rolled back.
     LeaseLost,
+    /// Not delivered, and not the event's fault: the sink or the database was unavailable
+    /// (why, cause included). The row goes back to pending with no attempt counted.
+    Unavailable(String),
 }
 
 pub(crate) type RouteFuture =

@@ -7,7 +7,7 @@
 //! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead`,
 //! `outbox_oldest_pending_age_seconds` and `outbox_pending_newer_version` (rows of a handled
 //! type written at a newer version than the relay reads), refreshed every 15 s by a running
-//! relay.
+//! relay; and `outbox_sink_available` (1 or 0) on a forwarding relay.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -16,6 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::forward::{SinkHealth, SinkStatus};
+
 /// A live view of a relay's counters and health; get it with
 /// [`Relay::metrics`](crate::Relay::metrics) before running the relay.
 #[derive(Debug, Clone)]
@@ -23,6 +25,8 @@ pub struct RelayMetrics(Arc<Counters>);
 
 #[derive(Debug)]
 struct Counters {
+    /// Owned by the relay; read here.
+    sink: Option<Arc<SinkHealth>>,
     delivered: AtomicU64,
     failed: AtomicU64,
     dead: AtomicU64,
@@ -34,9 +38,11 @@ struct Counters {
     epoch: Instant,
 }
 
-impl Default for RelayMetrics {
-    fn default() -> Self {
+impl RelayMetrics {
+    /// The metrics of a relay; `sink`: the state of the sink it forwards to, if any.
+    pub(crate) fn new(sink: Option<Arc<SinkHealth>>) -> Self {
         Self(Arc::new(Counters {
+            sink,
             delivered: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             dead: AtomicU64::new(0),
@@ -60,7 +66,8 @@ pub struct RelayCounts {
     pub failed: u64,
     /// Rows this relay found had exhausted their attempts and marked dead.
     pub dead: u64,
-    /// Leased rows handed back unstarted or cancelled (at shutdown).
+    /// Leased rows handed back with no attempt counted: unstarted or cancelled at shutdown, or
+    /// not delivered because the sink or the database was unavailable.
     pub released: u64,
     /// Acknowledgements refused because the lease had expired and another relay took the row.
     pub lost_leases: u64,
@@ -77,6 +84,13 @@ impl RelayMetrics {
             released: c.released.load(Relaxed),
             lost_leases: c.lost_leases.load(Relaxed),
         }
+    }
+
+    /// Whether the broker of a forwarding relay takes messages; `None` for a relay that does
+    /// not forward. While it is [`SinkStatus::Unavailable`] forwarded events wait pending,
+    /// with no attempt counted.
+    pub fn sink_status(&self) -> Option<SinkStatus> {
+        self.0.sink.as_ref().map(|sink| sink.status())
     }
 
     /// Whether the relay is running and reached the database within `max_silence`: the

@@ -42,6 +42,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::Error;
+use crate::forward::{self, Sink, SinkHealth};
 use crate::store::{LeasePlan, LeasedEvent};
 use acker::Acker;
 use config::RelayConfig;
@@ -82,17 +83,26 @@ pub struct Relay<S = ()> {
     upcasters: Arc<JsonUpcasters>,
     /// Where rows go that no handler takes, when the relay forwards every other type.
     fallback: Option<Arc<dyn Route<S>>>,
-    /// The sink the relay forwards to, checked at start.
-    sink: Option<Arc<dyn crate::forward::Sink>>,
+    /// The sink the relay forwards to, if it forwards.
+    forwarding: Option<Forwarding>,
     config: RelayConfig,
     plan: Plan,
     metrics: RelayMetrics,
+}
+
+/// The sink a forwarding relay publishes to: checked at start, probed while unavailable.
+struct Forwarding {
+    sink: Arc<dyn Sink>,
+    health: Arc<SinkHealth>,
 }
 
 /// What a relay decided once, when it was built, from its handlers and settings.
 struct Plan {
     /// What every lease asks for: which types, how long, the limits.
     lease: LeasePlan,
+    /// What leases ask for while the sink is unavailable: the handled types only; `None` when
+    /// the relay only forwards (it then leases nothing until the sink answers).
+    while_sink_down: Option<LeasePlan>,
     /// The event types a sleeping relay waits for; `None` for all.
     wakes_for: Option<Vec<String>>,
     max_attempts: i32,
@@ -121,8 +131,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// ```
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<RelayCounts, Error> {
         let config = &self.config;
-        if let Some(sink) = &self.sink {
-            sink.check().await.map_err(Error::Sink)?;
+        if let Some(forwarding) = &self.forwarding {
+            forwarding.sink.check().await.map_err(Error::Sink)?;
         }
         // Nothing runs on the relay's connections before they are known to keep their session.
         let mut shutdown = std::pin::pin!(shutdown);
@@ -154,7 +164,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             }
             .run(acks_rx),
         );
-        let chores = self.chores(&connections.relay);
+        let chores = self.chores(&connections.relay, &wake);
 
         self.metrics.set_running(true);
         let mut work = Work::new(held, acks, config.batch_size);
@@ -173,9 +183,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         result.map(|()| self.metrics.counts())
     }
 
-    /// The periodic tasks beside the work: retention, if set, and the metrics gauges.
-    fn chores(&self, pool: &PgPool) -> Vec<AbortOnDrop<()>> {
+    /// The tasks beside the work: retention, if set, the metrics gauges, and the sink's probe.
+    fn chores(&self, pool: &PgPool, wake: &Arc<Notify>) -> Vec<AbortOnDrop<()>> {
         let mut chores = Vec::new();
+        if let Some(Forwarding { sink, health }) = &self.forwarding {
+            let probe = forward::probe(sink.clone(), health.clone(), wake.clone());
+            chores.push(AbortOnDrop::spawn(probe));
+        }
         if let Some(keep_for) = self.config.retention {
             let purge = crate::retention::purge_periodically(pool.clone(), keep_for);
             chores.push(AbortOnDrop::spawn(purge));

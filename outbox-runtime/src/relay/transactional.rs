@@ -13,7 +13,7 @@ use std::ops::Deref;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::oneshot;
 
-use crate::error::BoxError;
+use crate::error::{is_unavailable, BoxError, ErrorChain};
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
 use crate::relay::decode::DecodeError;
@@ -111,7 +111,27 @@ where
         let event: E = payload.read(&meta)?;
         let handler = self.handler.clone();
         Ok(Box::pin(async move {
-            let tx = lease.pool.begin().await?;
+            // The database's own failures around the handler (a pool exhausted, the database
+            // away, a connection lost at commit) are not the event's: its row is handed back
+            // with no attempt counted. A commit whose connection was lost may still have
+            // published the row; then the hand-back finds it settled. A commit the database
+            // refused (a deferred constraint the handler's writes broke) is the handler's
+            // failure, like any error of its own statements.
+            let unavailable = |what: &str, error: sqlx::Error| {
+                let why = format!("{what}: {}", ErrorChain(&error));
+                tracing::warn!(
+                    %why,
+                    "outbox event not delivered: the database was unavailable to its transactional \
+                     handler; handed back with no attempt counted"
+                );
+                Settled::Unavailable(why)
+            };
+            let tx = match lease.pool.begin().await {
+                Ok(tx) => tx,
+                Err(error) => {
+                    return Ok(unavailable("cannot begin the handler's transaction", error))
+                }
+            };
             let (back, returned) = oneshot::channel();
             let ctx = TransactionContext {
                 event: EventContext::new(state, meta),
@@ -125,19 +145,32 @@ where
             let published = match lease.lease.token() {
                 Some(token) => {
                     let event_id = lease.lease.event_id();
-                    store::publish_in(&mut tx, event_id, token, lease.on_publish).await?
+                    match store::publish_in(&mut tx, event_id, token, lease.on_publish).await {
+                        Ok(published) => published,
+                        Err(error) if is_unavailable(&error) => {
+                            return Ok(unavailable("cannot acknowledge the event", error))
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
                 }
                 None => false,
             };
             if !published {
-                tx.rollback().await?;
+                // Dropping the transaction rolls it back, whatever the connection's state.
+                drop(tx);
                 return Ok(Settled::LeaseLost);
             }
             // The row is locked by this transaction now: no relay can take it over, however
             // long the commit takes.
             lease.lease.commit_started();
-            tx.commit().await?;
-            Ok(Settled::Published)
+            match tx.commit().await {
+                Ok(()) => Ok(Settled::Published),
+                Err(error) if is_unavailable(&error) => Ok(unavailable(
+                    "the handler's transaction lost its connection at commit",
+                    error,
+                )),
+                Err(error) => Err(error.into()),
+            }
         }))
     }
 }

@@ -20,7 +20,7 @@ use crate::relay::held::Held;
 use crate::relay::idle::Idle;
 use crate::relay::pace::{BatchSize, Pace};
 use crate::relay::Relay;
-use crate::store;
+use crate::store::{self, LeasePlan};
 
 /// Most finished deliveries waiting for their acknowledgement before the relay stops leasing:
 /// when acknowledgements lag, the relay does not take more rows than it can acknowledge.
@@ -41,6 +41,7 @@ pub(crate) struct Work<S> {
     pace: Pace,
     batch_size: BatchSize,
     cursor: Cursor,
+    cursor_while_sink_down: Cursor,
 }
 
 impl<S: Clone + Send + Sync + 'static> Work<S> {
@@ -57,6 +58,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
             pace: Pace::default(),
             batch_size: BatchSize::new(batch_size),
             cursor: Cursor::default(),
+            cursor_while_sink_down: Cursor::default(),
         }
     }
 
@@ -98,7 +100,20 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                 }
                 continue;
             }
-            match self.lease(relay, &connections.lease).await {
+            let sink_down = relay.forwarding.as_ref().filter(|f| !f.health.is_available());
+            let plan = match (sink_down, &relay.plan.while_sink_down) {
+                (None, _) => &relay.plan.lease,
+                (Some(_), Some(handled_only)) => handled_only,
+                (Some(forwarding), None) => {
+                    // Only forwarding, and the sink is away: nothing to lease until it answers.
+                    tokio::select! {
+                        () = &mut shutdown => break Ok(()),
+                        () = forwarding.health.available() => {}
+                    }
+                    continue;
+                }
+            };
+            match self.lease(relay, plan, sink_down.is_some(), &connections.lease).await {
                 Ok(true) => {
                     retry = FIRST_LEASE_RETRY;
                     idle.found_work(&connections.relay).await;
@@ -129,7 +144,15 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
     ///
     /// It leases no more rows than the handlers can start before the leases need renewing, so
     /// rows do not wait in the queue for longer than a renewal interval.
-    async fn lease(&mut self, relay: &Relay<S>, pool: &PgPool) -> Result<bool, Error> {
+    /// `sink_down`: whether `plan` is the one for while the sink is unavailable, which has a
+    /// cursor of its own.
+    async fn lease(
+        &mut self,
+        relay: &Relay<S>,
+        plan: &LeasePlan,
+        sink_down: bool,
+        pool: &PgPool,
+    ) -> Result<bool, Error> {
         let config = &relay.config;
         let limit = self.pace.lease_limit(
             config.concurrency,
@@ -138,12 +161,13 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         );
         let _leasing = self.held.leasing(); // until its rows are recorded below
         let sent_at = Instant::now();
-        let scan = self.cursor.scan();
+        let cursor = if sink_down { &mut self.cursor_while_sink_down } else { &mut self.cursor };
+        let scan = cursor.scan();
         let from_head = matches!(scan, store::Scan::Full);
-        let rows = store::lease(pool, &relay.plan.lease, scan, i64::from(limit)).await?;
+        let rows = store::lease(pool, plan, scan, i64::from(limit)).await?;
         relay.metrics.database_reached();
         self.batch_size.found(limit, rows.len());
-        self.cursor.leased(&relay.plan.lease, from_head, limit, &rows);
+        cursor.leased(plan, from_head, limit, &rows);
         let found = !rows.is_empty();
         for row in rows {
             if row.died {

@@ -80,7 +80,7 @@ pub(crate) enum LeaseTypes {
 
 /// `(aggregate_type, event_type, newest version read)` triples, column-wise: the relay leaves
 /// rows of a newer version for a relay that reads it.
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct TypeVersions {
     pub(crate) aggregate_types: Vec<String>,
     pub(crate) event_types: Vec<String>,
