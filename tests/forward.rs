@@ -6,12 +6,12 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_runtime::forward::{nats::NatsSink, Forward};
+use outbox_runtime::forward::{nats::NatsSink, Forward, SinkStatus};
 use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay};
 use sqlx::PgPool;
 use support::forwarding::{
     assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
-    forward_ordered_through_failures, forward_until_published, TRACEPARENT,
+    forward_ordered_through_failures, forward_until_published, Away, TRACEPARENT,
 };
 use support::nats::{Stream, NATS};
 use support::*;
@@ -209,4 +209,59 @@ async fn a_type_both_forwarded_and_handled_is_refused_at_build(pool: PgPool) {
         panic!("expected ForwardedAndHandled");
     };
     assert_eq!((aggregate_type.as_str(), event_type.as_str()), ("order", "order.placed"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn while_the_broker_is_away_handled_events_flow_and_forwarded_ones_wait_untried(
+    pool: PgPool,
+) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let (sink, broker) = Away::new(stream.sink());
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let record = |ctx: EventContext<Arc<Mutex<Vec<Uuid>>>>, _: OrderPlaced| async move {
+        ctx.state().lock().unwrap().push(ctx.event_id());
+        Ok::<_, HandlerError>(())
+    };
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let customers =
+        Forward::to(sink).destination(&destination).only([("customer", "customer.renamed")]);
+    // One attempt: a single failure counted would kill the forwarded event.
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(handled.clone())
+            .handler(record)
+            .forward(customers)
+            .max_attempts(1),
+    );
+    // Past its start check, which would refuse to start without the broker.
+    eventually("the relay runs", || async { relay.metrics.is_healthy(Duration::from_secs(60)) })
+        .await;
+    broker.take_away();
+    let mut tx = pool.begin().await.unwrap();
+    let renamed = CustomerRenamed { customer_id: 7, name: "Ada".into() };
+    let customer = outbox_runtime::emit(&mut tx, &renamed).await.unwrap();
+    tx.commit().await.unwrap();
+    eventually("the relay sees the broker unavailable", || async {
+        matches!(relay.metrics.sink_status(), Some(SinkStatus::Unavailable { .. }))
+    })
+    .await;
+    let orders = emit_committed(&pool, &[placed(1), placed(2), placed(3)]).await;
+    for id in &orders {
+        until_published(&pool, *id).await;
+    }
+    let probes = broker.checks();
+    eventually("the relay checks the broker again", || async { broker.checks() > probes }).await;
+    let row = row_state(&pool, customer).await;
+    assert_eq!((row.published, row.dead, row.attempts), (false, false, 0), "waiting, untried");
+    assert!(stream.messages().await.is_empty());
+
+    broker.give_back();
+    until_published(&pool, customer).await;
+    assert_eq!(relay.metrics.sink_status(), Some(SinkStatus::Available));
+    let counts = relay.stop().await;
+    assert_eq!(*handled.lock().unwrap(), orders, "handled all along");
+    assert_eq!(stream.messages().await.len(), 1, "forwarded once the broker was back");
+    assert_eq!((counts.failed, counts.dead), (0, 0));
+    assert_eq!(row_state(&pool, customer).await.attempts, 0);
 }

@@ -1,6 +1,9 @@
 //! What every broker's forwarding tests do alike: emit the standard events, forward them until
 //! published or until their first failure, and drive a sink that refuses a share of messages.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use futures_util::future::BoxFuture;
 use outbox_runtime::forward::{OutboundMessage, Sink, SinkError};
 
@@ -37,6 +40,68 @@ impl<S: Sink> Sink for Flaky<S> {
                 })
                 .collect()
         })
+    }
+}
+
+/// A sink whose broker the test takes away and gives back: while away, every publish and check
+/// answers unavailable, as a broker out of reach does. Counts the checks (the relay's probes).
+pub struct Away<S> {
+    inner: S,
+    switch: Switch,
+}
+
+/// The test's side of an [`Away`] sink.
+#[derive(Clone, Default)]
+pub struct Switch {
+    away: Arc<AtomicBool>,
+    checks: Arc<AtomicUsize>,
+}
+
+impl<S: Sink> Away<S> {
+    pub fn new(inner: S) -> (Self, Switch) {
+        let switch = Switch::default();
+        (Away { inner, switch: switch.clone() }, switch)
+    }
+}
+
+impl Switch {
+    pub fn take_away(&self) {
+        self.away.store(true, Ordering::SeqCst);
+    }
+
+    pub fn give_back(&self) {
+        self.away.store(false, Ordering::SeqCst);
+    }
+
+    /// How many times the relay checked the sink.
+    pub fn checks(&self) -> usize {
+        self.checks.load(Ordering::SeqCst)
+    }
+
+    fn is_away(&self) -> bool {
+        self.away.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Sink> Sink for Away<S> {
+    fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        self.switch.checks.fetch_add(1, Ordering::SeqCst);
+        match self.switch.is_away() {
+            true => Box::pin(async { Err(SinkError::unavailable("the broker", "away")) }),
+            false => self.inner.check(),
+        }
+    }
+
+    fn publish<'a>(
+        &'a self,
+        batch: &'a [OutboundMessage],
+    ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        if !self.switch.is_away() {
+            return self.inner.publish(batch);
+        }
+        let away = |m: &OutboundMessage| Err(SinkError::unavailable(&m.destination, "away"));
+        let outcomes = batch.iter().map(away).collect();
+        Box::pin(async move { outcomes })
     }
 }
 
