@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::store;
 
 /// Rows deleted per statement: small enough that no statement holds many locks for long.
@@ -46,7 +46,7 @@ pub(crate) async fn purge_periodically(pool: PgPool, keep_for: Duration) {
                     break;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "outbox retention failed; retrying in a minute");
+                    tracing::warn!(error = %ErrorChain(&error), "outbox retention failed; retrying in a minute");
                     break;
                 }
             }

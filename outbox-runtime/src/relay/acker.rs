@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::error::ErrorChain;
 use crate::relay::config::Backoff;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
@@ -285,12 +286,12 @@ where
         match statement().await {
             Ok(done) => return Some(done),
             Err(error) if started.elapsed() + delay < patience => {
-                tracing::warn!(%error, retry_in = ?delay, "outbox acknowledgement ({what}) failed");
+                tracing::warn!(error = %ErrorChain(&error), retry_in = ?delay, "outbox acknowledgement ({what}) failed");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
             Err(error) => {
-                tracing::error!(%error, "outbox acknowledgement ({what}) failed; the rows will be redelivered");
+                tracing::error!(error = %ErrorChain(&error), "outbox acknowledgement ({what}) failed; the rows will be redelivered");
                 return None;
             }
         }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::store;
 
 /// Rounds of the check. A pooler that hands server connections round lends the first
@@ -90,7 +90,7 @@ pub(crate) async fn check_sessions(pool: &PgPool) -> Result<(), Error> {
             Ok(Ok(true)) => return Ok(()),
             Ok(Ok(false)) => return Err(Error::TransactionPooling),
             Ok(Err(error)) => {
-                tracing::warn!(%error, retry_in = ?retry, "cannot check the outbox relay's connections")
+                tracing::warn!(error = %ErrorChain(&error), retry_in = ?retry, "cannot check the outbox relay's connections")
             }
             Err(_) => tracing::warn!(
                 retry_in = ?retry,

@@ -67,6 +67,22 @@ impl DecodeError {
     }
 }
 
+impl DecodeError {
+    /// What a log line may say: the same but for what can quote the payload (serde's message,
+    /// a conversion's or upcaster's error), which stays in `last_error`.
+    pub(crate) fn without_payload(&self) -> String {
+        match &self.reason {
+            Reason::Payload { type_name, path, .. } if path.is_empty() => {
+                format!("payload does not deserialize into `{type_name}`")
+            }
+            Reason::Payload { type_name, path, .. } => {
+                format!("payload does not deserialize into `{type_name}` at `{path}`")
+            }
+            _ => self.to_string(),
+        }
+    }
+}
+
 impl From<Reason> for DecodeError {
     fn from(reason: Reason) -> Self {
         DecodeError { reason, source: None }

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
+use crate::error::ErrorChain;
 use crate::otel;
 use crate::relay::acker::{Ack, Outcome};
 use crate::relay::context::RowMeta;
@@ -72,15 +73,15 @@ impl<S> Delivery<S> {
         // Delivery attempts: failed deliveries and expired leases before this one, plus one.
         let attempt = earlier_failures + u32::try_from(row.expired_leases).unwrap_or(0) + 1;
         let span = otel::delivery_span(&row, attempt);
-        let event_type = row.event_type.clone();
+        let (event_id, event_type) = (row.event_id, row.event_type.clone());
         let started = std::time::Instant::now();
         let delivery_lease = DeliveryLease { pool, lease: lease.clone(), on_publish };
         let handling = async {
             let Some(route) = route else {
-                return Err(format!(
+                return Err(Failure::from(format!(
                     "no handler registered for aggregate `{}`, event type `{}`",
                     row.aggregate_type, row.event_type
-                ));
+                )));
             };
             let meta = RowMeta {
                 event_id: row.event_id,
@@ -95,9 +96,13 @@ impl<S> Delivery<S> {
             };
             let payload = Payload { json: &row.payload, upcasters: &upcasters };
             let call = || route.call(state, meta, payload, delivery_lease);
-            let handling = catch_unwind(AssertUnwindSafe(call))
-                .map_err(panic_message)?
-                .map_err(|decode| error_chain(&decode))?;
+            let handling =
+                catch_unwind(AssertUnwindSafe(call)).map_err(panic_message)?.map_err(|decode| {
+                    Failure {
+                        error: ErrorChain(&decode).to_string(),
+                        logged: decode.without_payload(),
+                    }
+                })?;
             let handling = AssertUnwindSafe(handling).catch_unwind();
             let finished = match handler_timeout {
                 Some(limit) => tokio::time::timeout(limit, handling)
@@ -105,7 +110,8 @@ impl<S> Delivery<S> {
                     .map_err(|_| format!("handler timed out after {limit:?}"))?,
                 None => handling.await,
             };
-            finished.map_err(panic_message)?.map_err(|error| error_chain(&*error))
+            let handled = finished.map_err(panic_message)?;
+            handled.map_err(|error| Failure::from(ErrorChain(&*error).to_string()))
         }
         .instrument(span.clone());
         // A lease that can no longer be vouched for cancels its delivery: past its deadline
@@ -118,6 +124,8 @@ impl<S> Delivery<S> {
             () = lease.expired() => {
                 let _entered = span.enter();
                 tracing::warn!(
+                    %event_id,
+                    %event_type,
                     "outbox lease not renewed in time; delivery cancelled and the row handed back"
                 );
                 return;
@@ -145,11 +153,15 @@ impl<S> Delivery<S> {
                 tracing::debug!(%why, "outbox event not delivered: handed back, no attempt counted");
                 Outcome::Released
             }
-            Err(error) => {
-                // The text can quote the payload (serde's errors do), so it stays at debug
-                // level; it is kept in `last_error` for operators.
-                tracing::warn!("outbox event delivery failed; the error is kept in last_error");
-                tracing::debug!(%error, "outbox event delivery failed");
+            Err(Failure { error, logged }) => {
+                // The id and type again, for subscribers that leave the info-level span out.
+                tracing::warn!(
+                    %event_id,
+                    %event_type,
+                    error = %logged,
+                    "outbox event delivery failed; retried with backoff until its attempts run \
+                     out (the whole error is kept in last_error)"
+                );
                 Outcome::Failed { error: clean_error(error), earlier_failures }
             }
         };
@@ -201,16 +213,17 @@ fn panic_message(panic: Box<dyn Any + Send>) -> String {
     format!("handler panicked: {message}")
 }
 
-/// `error: cause: cause...`, like anyhow's `{:#}`.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+/// Why a delivery failed: the whole text, kept in `last_error`, and what its log line says (the
+/// same, but for a payload that does not decode, whose details can quote the payload).
+struct Failure {
+    error: String,
+    logged: String,
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Self {
+        Failure { logged: error.clone(), error }
     }
-    text
 }
 
 /// Makes an error text storable: PostgreSQL `text` refuses NUL, and a huge text bloats rows.

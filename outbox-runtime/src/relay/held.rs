@@ -22,6 +22,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::error::ErrorChain;
 use crate::store;
 
 /// Every lease this relay holds; cheap to clone.
@@ -156,7 +157,7 @@ impl Held {
                     }
                 }
             }
-            Err(error) => tracing::warn!(%error, "cannot renew outbox leases"),
+            Err(error) => tracing::warn!(error = %ErrorChain(&error), "cannot renew outbox leases"),
         }
     }
 

@@ -17,6 +17,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::error::ErrorChain;
 use crate::store::{self, NOTIFY_CHANNEL};
 
 /// How long the check's notification may take. A NOTIFY reaches an idle listener within
@@ -44,13 +45,13 @@ pub(crate) async fn listen(
                 // The receiving loop is never cancelled mid-read: the check ends in `pending`.
                 tokio::select! {
                     error = receive(&mut listener, &wake, &check) => {
-                        tracing::warn!(%error, "outbox LISTEN connection failed");
+                        tracing::warn!(error = %ErrorChain(&error), "outbox LISTEN connection failed");
                     }
                     never = check.run(&notifier, poll_interval, &mut warned) => match never {},
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "cannot LISTEN for outbox events; polling meanwhile")
+                tracing::warn!(error = %ErrorChain(&error), "cannot LISTEN for outbox events; polling meanwhile")
             }
         }
         tokio::time::sleep(retry).await;
@@ -106,7 +107,7 @@ impl Check {
     ) -> Infallible {
         let mut retry = Duration::from_millis(100);
         while let Err(error) = self.send(notifier).await {
-            tracing::debug!(%error, retry_in = ?retry, "cannot check the outbox wake-ups");
+            tracing::debug!(error = %ErrorChain(&error), retry_in = ?retry, "cannot check the outbox wake-ups");
             tokio::time::sleep(retry).await;
             retry = (retry * 2).min(Duration::from_secs(10));
         }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::error::ErrorChain;
 use crate::forward::{SinkHealth, SinkStatus};
 
 /// A live view of a relay's counters and health; get it with
@@ -212,7 +213,9 @@ pub(crate) async fn refresh_gauges(
                 let age = stats.oldest_pending_age.unwrap_or_default().as_secs_f64();
                 metrics::gauge!("outbox_oldest_pending_age_seconds").set(age);
             }
-            Err(error) => tracing::debug!(%error, "cannot refresh outbox gauges"),
+            Err(error) => {
+                tracing::warn!(error = %ErrorChain(&error), "cannot refresh the outbox gauges; they keep their last values until it succeeds")
+            }
         }
     }
 }

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::forward::{self, Sink, SinkHealth};
 use crate::store::{LeasePlan, LeasedEvent};
 use acker::Acker;
@@ -174,7 +174,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         // With the database away the last acknowledgements could retry for a lease timeout;
         // shutdown gives up sooner, and those rows are delivered again after their leases.
         match tokio::time::timeout(config.shutdown_timeout, &mut acker.0).await {
-            Ok(Err(error)) => tracing::error!(%error, "outbox acknowledger failed"),
+            Ok(Err(error)) => {
+                tracing::error!(error = %ErrorChain(&error), "outbox acknowledger failed")
+            }
             Err(_) => tracing::warn!("outbox acknowledgements unfinished at the shutdown timeout"),
             Ok(Ok(())) => {}
         }

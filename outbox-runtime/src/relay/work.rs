@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::relay::acker::Ack;
 use crate::relay::connections::Connections;
 use crate::relay::cursor::Cursor;
@@ -127,7 +127,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                 }
                 Err(Error::SchemaMissing) => break Err(Error::SchemaMissing),
                 Err(error) => {
-                    tracing::warn!(%error, retry_in = ?retry, "cannot lease outbox events");
+                    tracing::warn!(error = %ErrorChain(&error), retry_in = ?retry, "cannot lease outbox events");
                     tokio::select! {
                         () = &mut shutdown => break Ok(()),
                         () = tokio::time::sleep(retry) => {}
