@@ -98,3 +98,56 @@ async fn rows_locked_by_another_transaction_are_delivered_with_both_cores_busy(p
     let burner = CpuBurner::start(Duration::from_secs(120));
     rows_locked_by_another_transaction(pool, Some(burner)).await;
 }
+
+/// Event 1 is handled at once, event 2 takes longer than the lease, which must be renewed.
+async fn quick_or_long(ctx: EventContext<Calls>, event: OrderPlaced) -> Result<(), Never> {
+    if event.total_cents == 2 {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    *ctx.state().0.lock().unwrap().entry(ctx.event_id()).or_default() += 1;
+    Ok(())
+}
+
+/// An acknowledgement that keeps failing (here an operator's trigger refuses to mark one event
+/// published) is retried for up to a lease timeout: the leases of the other deliveries are
+/// renewed all the while, with both cores busy, so a handler that runs longer than its lease
+/// finishes once and is acknowledged, and is not cancelled at its first deadline.
+#[sqlx::test(migrations = false)]
+async fn renewals_go_on_while_an_acknowledgement_keeps_failing(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::raw_sql(
+        "CREATE TABLE refused (event_id uuid PRIMARY KEY); \
+         CREATE FUNCTION refuse_publish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF EXISTS (SELECT 1 FROM refused WHERE event_id = NEW.event_id) THEN \
+                 RAISE EXCEPTION 'this event may not be published yet'; \
+             END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_publish BEFORE UPDATE ON outbox.events FOR EACH ROW \
+             WHEN (OLD.published_at IS NULL AND NEW.published_at IS NOT NULL) \
+             EXECUTE FUNCTION refuse_publish();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ids = emit_committed(&pool, &[placed(1), placed(2)]).await;
+    let (refused, long) = (ids[0], ids[1]);
+    sqlx::query("INSERT INTO refused VALUES ($1)").bind(refused).execute(&pool).await.unwrap();
+    let burner = CpuBurner::start(Duration::from_secs(120));
+    let calls = Calls::default();
+    // Renewed every second; the long handler takes four.
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(calls.clone())
+            .handler(quick_or_long)
+            .lease_timeout(Duration::from_secs(3)),
+    );
+    until_published(&pool, long).await;
+    drop(burner);
+    sqlx::query("DELETE FROM refused").execute(&pool).await.unwrap();
+    until_published(&pool, refused).await;
+    relay.stop().await;
+
+    let calls = calls.0.lock().unwrap().clone();
+    assert_eq!(calls.get(&long), Some(&1), "the long handler ran to the end once: {calls:?}");
+    let row = row_state(&pool, long).await;
+    assert_eq!(row.expired_leases, 0, "its lease never ran out");
+}

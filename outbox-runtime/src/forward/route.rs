@@ -5,6 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::{AbortHandle, JoinSet};
 
 use crate::forward::PUBLISH_TIMEOUT;
 use crate::forward::{Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth};
@@ -18,8 +19,17 @@ type Pending = (OutboundMessage, oneshot::Sender<Result<(), SinkError>>);
 pub(crate) struct ForwardRoute {
     forward: Forward,
     health: Arc<SinkHealth>,
-    /// The batcher's inbox, started with the first delivery (on the relay's runtime).
-    batcher: OnceLock<mpsc::UnboundedSender<Pending>>,
+    /// The batcher's inbox, started with the first delivery (on the relay's runtime), and the
+    /// batcher itself, stopped with the route (when the relay's run ends), its publishes with it.
+    batcher: OnceLock<(mpsc::UnboundedSender<Pending>, AbortHandle)>,
+}
+
+impl Drop for ForwardRoute {
+    fn drop(&mut self) {
+        if let Some((_, batcher)) = self.batcher.get() {
+            batcher.abort();
+        }
+    }
 }
 
 impl ForwardRoute {
@@ -28,11 +38,12 @@ impl ForwardRoute {
     }
 
     fn batcher(&self) -> &mpsc::UnboundedSender<Pending> {
-        self.batcher.get_or_init(|| {
+        let (inbox, _) = self.batcher.get_or_init(|| {
             let (sender, inbox) = mpsc::unbounded_channel();
-            tokio::spawn(batch(self.forward.sink.clone(), inbox));
-            sender
-        })
+            let batcher = tokio::spawn(batch(self.forward.sink.clone(), inbox));
+            (sender, batcher.abort_handle())
+        });
+        inbox
     }
 
     /// The message for a row (see the mapping in the module docs).
@@ -115,7 +126,10 @@ impl<S> Route<S> for ForwardRoute {
 /// previous one went out: no timer holds a message back (under load batches grow by
 /// themselves; a linger of 1 ms kept every delivery in lockstep with the slowest).
 async fn batch(sink: Arc<dyn Sink>, mut inbox: mpsc::UnboundedReceiver<Pending>) {
+    // Aborted with the batcher.
+    let mut publishing = JoinSet::new();
     while let Some(first) = inbox.recv().await {
+        while publishing.try_join_next().is_some() {}
         let mut pending = vec![first];
         while pending.len() < MAX_BATCH {
             match inbox.try_recv() {
@@ -124,7 +138,7 @@ async fn batch(sink: Arc<dyn Sink>, mut inbox: mpsc::UnboundedReceiver<Pending>)
             }
         }
         let sink = sink.clone();
-        tokio::spawn(async move {
+        publishing.spawn(async move {
             let (messages, senders): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
             let published = tokio::time::timeout(PUBLISH_TIMEOUT, sink.publish(&messages)).await;
             let timed_out = published.is_err();

@@ -1,5 +1,4 @@
-//! Acknowledgements: outcomes of deliveries, written in batches with one statement per kind,
-//! and the renewal of every held lease, between those writes.
+//! Acknowledgements: outcomes of deliveries, written in batches with one statement per kind.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -66,23 +65,13 @@ pub(crate) struct Acker {
 impl Acker {
     /// Applies acknowledgements until every sender is gone and the channel is drained. While a
     /// batch is being written the next one gathers, so batches grow with the load.
-    ///
-    /// It also renews the leases of held rows, every third of the lease timeout: between its
-    /// own writes, so a renewal never races an acknowledgement of the same row.
     pub(crate) async fn run(self, mut acks: UnboundedReceiver<Ack>) {
-        let mut renewals = tokio::time::interval(self.lease_timeout / 3);
-        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        renewals.tick().await;
         // Acknowledgements of rows someone else had locked, to try again.
         let mut busy: Vec<Ack> = Vec::new();
         let mut retry_at = Instant::now();
         loop {
             let first = tokio::select! {
                 biased;
-                _ = renewals.tick() => {
-                    self.held.renew(&self.pool).await;
-                    continue;
-                }
                 () = tokio::time::sleep_until(retry_at), if !busy.is_empty() => None,
                 received = acks.recv() => match received {
                     Some(ack) => Some(ack),

@@ -62,14 +62,15 @@ impl<S> Delivery<S> {
             metrics,
             pace,
         } = self;
+        let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         // If this task is cancelled (shutdown timeout), the guard hands the row back.
-        let mut guard = AckGuard { acks, ack: Some(ack(&row, Outcome::Released)) };
+        let mut guard =
+            AckGuard { acks, ack: Some(ack(&row, Outcome::Released)), earlier_failures };
         if !lease.is_valid() {
             // The lease ran out while the row waited (renewals were held up): hand it back.
             tracing::debug!(event_id = %row.event_id, "outbox lease ran out before its delivery");
             return;
         }
-        let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         // Delivery attempts: failed deliveries and expired leases before this one, plus one.
         let attempt = earlier_failures + u32::try_from(row.expired_leases).unwrap_or(0) + 1;
         let span = otel::delivery_span(&row, attempt);
@@ -178,11 +179,14 @@ fn ack(row: &LeasedEvent, outcome: Outcome) -> Ack {
     }
 }
 
-/// Sends the outcome exactly once; if dropped unsent, hands the row back.
+/// Sends the outcome exactly once; if dropped unsent, hands the row back, or, if the delivery
+/// panicked outside the handler's own guard, records a failed attempt: handed back, a panic
+/// that comes back every time would deliver the row again forever.
 struct AckGuard {
     acks: UnboundedSender<Ack>,
     /// The acknowledgement to send, `Released` until the delivery ends.
     ack: Option<Ack>,
+    earlier_failures: u32,
 }
 
 impl AckGuard {
@@ -198,6 +202,12 @@ impl AckGuard {
 
 impl Drop for AckGuard {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let error = "the relay panicked while delivering this event, outside its handler; \
+                         the panic is in the relay's log";
+            let earlier_failures = self.earlier_failures;
+            self.send(Outcome::Failed { error: error.to_owned(), earlier_failures });
+        }
         if let Some(ack) = self.ack.take() {
             let _ = self.acks.send(ack);
         }
@@ -205,12 +215,16 @@ impl Drop for AckGuard {
 }
 
 fn panic_message(panic: Box<dyn Any + Send>) -> String {
-    let message = panic
+    format!("handler panicked: {}", panic_text(&*panic))
+}
+
+/// What a panic said, if it said it in text.
+pub(crate) fn panic_text(panic: &(dyn Any + Send)) -> &str {
+    panic
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("non-string panic payload");
-    format!("handler panicked: {message}")
+        .unwrap_or("non-string panic payload")
 }
 
 /// Why a delivery failed: the whole text, kept in `last_error`, and what its log line says (the

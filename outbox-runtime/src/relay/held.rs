@@ -120,11 +120,25 @@ impl Held {
         self.0.settled.notify_waiters();
     }
 
+    /// Renews every held lease every third of the lease timeout, until cancelled. On its own,
+    /// so that an acknowledgement retrying for a while never holds renewals back. A renewal and
+    /// an acknowledgement can meet on a row: both are fenced and skip a row the other has
+    /// locked, so neither waits, and the acknowledgement that skipped is tried again.
+    pub(crate) async fn renew_periodically(self, pool: PgPool) {
+        let mut renewals = tokio::time::interval(self.0.lease_timeout / 3);
+        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renewals.tick().await;
+        loop {
+            renewals.tick().await;
+            self.renew(&pool).await;
+        }
+    }
+
     /// Renews every held lease in one statement, and moves the deadlines of those renewed.
     /// A lease the statement did not renew (taken over, or locked by someone else right now)
     /// keeps its deadline: its delivery is cancelled when that passes, and not before, since
     /// until then no other relay can have it.
-    pub(crate) async fn renew(&self, pool: &PgPool) {
+    async fn renew(&self, pool: &PgPool) {
         let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
             self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip();
         if ids.is_empty() {

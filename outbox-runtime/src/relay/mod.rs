@@ -12,7 +12,7 @@
 //!   delivery is cancelled if its lease's deadline passes first.
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
 //!   a batch with one statement per kind (`store::publish`, `fail`, `release`), and the row is
-//!   settled (leaves `held.rs`); between writes the acknowledger renews every held lease.
+//!   settled (leaves `held.rs`); beside it, `held.rs` renews every held lease.
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
 //!   `metrics.rs` (counts), `context.rs` (what a handler sees).
@@ -37,9 +37,11 @@ mod work;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
 
 use crate::error::{Error, ErrorChain};
 use crate::forward::{self, Sink, SinkHealth};
@@ -64,6 +66,10 @@ pub(crate) use handler::{DeliveryLease, Payload, Route, RouteFuture, Settled};
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::TransactionContext;
+
+/// How long shutdown gives the last acknowledgements once its deadline passed: those of the
+/// handlers that finished at the deadline, written in one batch.
+const LAST_ACKS_GRACE: Duration = Duration::from_secs(1);
 
 type Routes<S> = HashMap<(&'static str, &'static str), Arc<dyn Route<S>>>;
 
@@ -116,8 +122,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
 
     /// Runs the relay until `shutdown` completes, then shuts down gracefully: stops leasing,
     /// hands back rows it leased but did not start, waits up to the shutdown timeout for running
-    /// handlers (cancelling and handing back the rest), writes the last acknowledgements, and
-    /// returns what it did.
+    /// handlers (cancelling and handing back the rest) and their acknowledgements, and returns
+    /// what it did. Shutdown takes at most the shutdown timeout and a second; nothing of the
+    /// relay's (a publish to a broker among them) runs after it returns.
     ///
     /// Database errors are logged and retried, never fatal, except a missing outbox schema.
     /// Before anything else it checks that its connections keep their session: through a pooler
@@ -164,22 +171,31 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             }
             .run(acks_rx),
         );
+        // Until the last acknowledgement is written: rows wait for theirs under a valid lease.
+        let renewals =
+            AbortOnDrop::spawn(held.clone().renew_periodically(connections.relay.clone()));
         let chores = self.chores(&connections.relay, &wake);
 
         self.metrics.set_running(true);
         let mut work = Work::new(held, acks, config.batch_size);
         let result = work.run(&self, &connections, &wake, shutdown).await;
         drop((listener, chores));
-        work.shut_down(config.shutdown_timeout).await;
+        // One deadline for the handlers still running and the acknowledgements after them.
+        let deadline = Instant::now() + config.shutdown_timeout;
+        work.shut_down(deadline).await;
         // With the database away the last acknowledgements could retry for a lease timeout;
-        // shutdown gives up sooner, and those rows are delivered again after their leases.
-        match tokio::time::timeout(config.shutdown_timeout, &mut acker.0).await {
+        // shutdown gives up at the deadline (or a moment after it, for the acknowledgements of
+        // handlers that finished at the deadline), and those rows are delivered again after
+        // their leases.
+        let acks_until = deadline.max(Instant::now() + LAST_ACKS_GRACE);
+        match tokio::time::timeout_at(acks_until, &mut acker.0).await {
             Ok(Err(error)) => {
                 tracing::error!(error = %ErrorChain(&error), "outbox acknowledger failed")
             }
             Err(_) => tracing::warn!("outbox acknowledgements unfinished at the shutdown timeout"),
             Ok(Ok(())) => {}
         }
+        drop(renewals);
         connections.close().await;
         self.metrics.set_running(false);
         result.map(|()| self.metrics.counts())

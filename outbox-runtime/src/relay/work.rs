@@ -8,14 +8,14 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorChain};
 use crate::relay::acker::Ack;
 use crate::relay::connections::Connections;
 use crate::relay::cursor::Cursor;
-use crate::relay::deliver::Delivery;
+use crate::relay::deliver::{panic_text, Delivery};
 use crate::relay::held::Held;
 use crate::relay::idle::Idle;
 use crate::relay::pace::{BatchSize, Pace};
@@ -77,12 +77,14 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
             if shutdown.as_mut().now_or_never().is_some() {
                 break Ok(());
             }
-            while self.tasks.try_join_next().is_some() {}
+            while let Some(joined) = self.tasks.try_join_next() {
+                log_panic(joined);
+            }
             while self.tasks.len() >= relay.config.concurrency {
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break 'work Ok(()),
-                    _ = self.tasks.join_next() => {}
+                    Some(joined) = self.tasks.join_next() => log_panic(joined),
                 }
             }
             if let Some(delivery) = self.queue.pop_front() {
@@ -197,21 +199,38 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         Ok(found)
     }
 
-    /// Hands back the rows not started, waits up to `timeout` for running handlers, and cancels
-    /// (and so hands back) the rest. Ends the acknowledgements: the acknowledger stops once it
-    /// has written what the deliveries sent.
-    pub(crate) async fn shut_down(self, timeout: Duration) {
+    /// Hands back the rows not started, waits until `deadline` for running handlers, and
+    /// cancels (and so hands back) the rest. Ends the acknowledgements: the acknowledger stops
+    /// once it has written what the deliveries sent.
+    pub(crate) async fn shut_down(self, deadline: Instant) {
         let Work { queue, mut tasks, .. } = self;
         for delivery in queue {
             delivery.hand_back();
         }
-        let finished = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(timeout, finished).await.is_err() {
+        let finished = async {
+            while let Some(joined) = tasks.join_next().await {
+                log_panic(joined);
+            }
+        };
+        if tokio::time::timeout_at(deadline, finished).await.is_err() {
             tracing::warn!(
                 cancelled = tasks.len(),
                 "outbox handlers still running at the shutdown timeout; cancelling them"
             );
             tasks.shutdown().await; // cancelled deliveries hand their rows back
+        }
+    }
+}
+
+/// A delivery that panicked outside its handler's guard (the handler's own panics are caught
+/// and recorded as its failures): its attempt was recorded by the delivery's guard; the panic
+/// itself is only here.
+fn log_panic(joined: Result<(), JoinError>) {
+    if let Err(error) = joined {
+        if error.is_panic() {
+            let panic = error.into_panic();
+            let panic = panic_text(&*panic);
+            tracing::error!(%panic, "outbox delivery panicked outside its handler; attempt counted");
         }
     }
 }
