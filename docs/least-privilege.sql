@@ -41,8 +41,9 @@
 --   * The trigger calls `pg_notify`, `pg_advisory_xact_lock_shared` and `hashtextextended`, and
 --     ordered emits call `pg_advisory_xact_lock`: all executable by PUBLIC in a default cluster.
 --     If yours revoked them from PUBLIC, grant them to outbox_app (and `pg_notify` and
---     `pg_try_advisory_xact_lock` to outbox_relay: `dead_letters::requeue` notifies, and an idle
---     relay registers in `outbox.sleeping_relays` under that lock).
+--     `hashtextextended` to outbox_relay: `dead_letters::requeue` notifies, and an idle relay
+--     looks up that lock's holders in `pg_locks`, which PUBLIC may read by default, as it may
+--     `pg_database`).
 --   * The relay's lease takes row locks (`FOR UPDATE SKIP LOCKED`), which needs UPDATE on at
 --     least one column; it updates only the bookkeeping columns, so it gets UPDATE on those alone
 --     and cannot rewrite an event's payload, headers, type or ids. LISTEN needs no privilege.

@@ -632,6 +632,43 @@ async fn notify_from_the_app_role_wakes_a_relay_role_listener(pool: PgPool) {
     relay_pool.close().await;
 }
 
+#[sqlx::test(migrations = false)]
+async fn a_relay_role_sees_an_app_transaction_open_since_before_it_slept_end(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+
+    // Emitted before any relay sleeps: the commit notifies nobody. Polling hourly, the relay
+    // (under the relay role) delivers in time only if it read in `pg_locks` that this
+    // transaction held the wake-up lock when it registered, and then saw it end.
+    let mut tx = app.begin().await.unwrap();
+    let id = emit(&mut tx, &placed(1)).await.unwrap();
+    let desk = Desk::default();
+    let relay = Running::start(
+        Relay::builder(relay_pool.clone())
+            .state(desk.clone())
+            .handler(on_placed)
+            .poll_interval(Duration::from_secs(3600)),
+    );
+    let asleep = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.sleeping_relays WHERE until > now() + interval '1 hour'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            == 1
+    };
+    eventually("the relay sleeps", asleep).await;
+    tx.commit().await.unwrap();
+    eventually("the event is delivered", || async { desk.delivered.lock().unwrap().len() == 1 })
+        .await;
+    relay.stop().await;
+    assert_eq!(*desk.delivered.lock().unwrap(), [id]);
+    app.close().await;
+    relay_pool.close().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The owner role
 // ---------------------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
 };
 pub(crate) use schema::create_schema;
-pub(crate) use sleepers::{backend_pid, notify_relays, register_sleeper, unregister_sleeper};
+pub(crate) use sleepers::{
+    backend_pid, notify_relays, register_sleeper, unregister_sleeper, wake_lock_holders,
+};
 
 /// The statements whose plans the tests check, by name.
 #[cfg(feature = "test-hooks")]
@@ -144,6 +146,7 @@ mod tests {
             ("purge", parameters(ops::purge_query(Duration::from_secs(1), 10))),
             ("register", parameters(sleepers::register_query(Uuid::nil(), None, Duration::ZERO))),
             ("unregister", parameters(sleepers::unregister_query(Uuid::nil()))),
+            ("wake lock holders", parameters(sleepers::wake_lock_holders_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
             ("migrate lock", parameters(schema::migrate_lock_query())),
         ];

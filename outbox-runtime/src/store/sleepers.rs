@@ -1,4 +1,17 @@
 //! Wake-up registrations: relays asleep on LISTEN, for producers to NOTIFY.
+//!
+//! The insert trigger takes the wake-up lock shared, then looks for a registration that wants
+//! its rows, and holds the lock until its transaction ends. A producer that takes the lock after
+//! a registration committed sees it (at READ COMMITTED each statement of the trigger reads a
+//! fresh snapshot) and notifies at commit; one that held the lock already may have looked
+//! before. So a relay registers, then reads which transactions hold the lock
+//! ([`wake_lock_holders`]), and looks for rows again as each of them ends. A producer missing
+//! from that read either takes the lock later (and sees the registration) or has ended, and a
+//! transaction releases its locks only once its commit is visible, so the relay's next look
+//! finds its rows. (A producer at REPEATABLE READ reads the registrations in its first
+//! snapshot, which may be older: the README's caveat.) Reading `pg_locks` needs no privilege
+//! and takes no lock a producer could queue behind, only the lock manager's own latches for
+//! microseconds.
 
 use std::time::Duration;
 
@@ -7,39 +20,59 @@ use uuid::Uuid;
 
 use super::{micros, Query, Scalar};
 
-/// Registers a relay as asleep until `until_micros` from now, for producers to NOTIFY it.
-/// Returns false without registering if producers are inserting right now (they hold the lock
-/// shared): their rows are about to commit, so the relay should look again instead of sleeping.
+/// Registers a relay as asleep until `until` from now, for producers to NOTIFY it.
 pub(crate) async fn register_sleeper(
     pool: &PgPool,
     relay_id: Uuid,
     event_types: Option<&[String]>,
     until: Duration,
-) -> Result<bool, sqlx::Error> {
-    // One statement, so it is never left half done when the relay stops while it runs: the
-    // lock is taken first and held until the registration commits.
-    let registered = register_query(relay_id, event_types, until).fetch_optional(pool).await?;
-    Ok(registered.is_some())
+) -> Result<(), sqlx::Error> {
+    register_query(relay_id, event_types, until).execute(pool).await?;
+    Ok(())
 }
 
 pub(super) fn register_query<'q>(
     relay_id: Uuid,
     event_types: Option<&'q [String]>,
     until: Duration,
-) -> Scalar<'q, bool> {
-    sqlx::query_scalar(
+) -> Query<'q> {
+    sqlx::query(
         "INSERT INTO outbox.sleeping_relays (relay_id, event_types, until) \
-         SELECT $1, $2, now() + $3::bigint * interval '1 microsecond' \
-         WHERE pg_try_advisory_xact_lock(hashtextextended('outbox.sleeping_relays', 0)) \
-         ON CONFLICT (relay_id) DO UPDATE SET event_types = $2, until = excluded.until \
-         RETURNING true",
+         VALUES ($1, $2, now() + $3::bigint * interval '1 microsecond') \
+         ON CONFLICT (relay_id) DO UPDATE SET event_types = $2, until = excluded.until",
     )
     .bind(relay_id)
     .bind(event_types)
     .bind(micros(until))
 }
 
-/// Withdraws a relay's registration: it is awake and looks for rows by itself.
+/// The transactions (virtual transaction ids) holding the wake-up lock in this database: all of
+/// them, or those of `among` still holding it. Run after a registration committed, it names the
+/// producers that may have missed it.
+pub(crate) async fn wake_lock_holders(
+    pool: &PgPool,
+    among: Option<&[String]>,
+) -> Result<Vec<String>, sqlx::Error> {
+    wake_lock_holders_query(among).fetch_all(pool).await
+}
+
+/// An advisory lock on a bigint key shows in `pg_locks` as its high 32 bits (`classid`) and
+/// low 32 bits (`objid`), unsigned, with `objsubid` 1; the key is the trigger's own expression.
+/// Advisory locks never take the fast path, so `pg_locks` lists every holder.
+pub(super) fn wake_lock_holders_query(among: Option<&[String]>) -> Scalar<'_, String> {
+    sqlx::query_scalar(
+        "SELECT l.virtualtransaction \
+         FROM (SELECT hashtextextended('outbox.sleeping_relays', 0) AS key) k, pg_locks l \
+         WHERE l.locktype = 'advisory' \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND l.classid = ((k.key >> 32) & 4294967295)::oid \
+           AND l.objid = (k.key & 4294967295)::oid \
+           AND l.objsubid = 1 \
+           AND l.mode = 'ShareLock' AND l.granted \
+           AND ($1::text[] IS NULL OR l.virtualtransaction = ANY ($1))",
+    )
+    .bind(among)
+}
 pub(crate) async fn unregister_sleeper(pool: &PgPool, relay_id: Uuid) -> Result<(), sqlx::Error> {
     unregister_query(relay_id).execute(pool).await?;
     Ok(())
