@@ -211,10 +211,10 @@ enum Verdict {
 /// `known` oldest first; `applied` in any order.
 fn compare(known: &[SchemaVersion], applied: &[i64], history: History) -> Verdict {
     let has = |migration: &&SchemaVersion| applied.contains(&migration.version);
-    let Some(newest_applied) = known.iter().filter(has).last() else {
+    let Some(newest_applied) = known.iter().rev().find(has) else {
         return Verdict::Unrelated;
     };
-    if let Some(needed) = known.iter().filter(|migration| !has(migration)).last() {
+    if let Some(needed) = known.iter().rev().find(|migration| !has(migration)) {
         return Verdict::Outdated { applied: *newest_applied, needed: *needed };
     }
     let newest_known = known.last().map_or(i64::MIN, |migration| migration.version);
