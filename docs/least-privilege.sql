@@ -72,7 +72,7 @@ $$;
 
 -- step: objects
 -- After `outbox_runtime::migrate` ran as outbox_owner (which then owns the schema, the table and
--- the migration history `outbox._sqlx_migrations`, on which nobody else gets anything).
+-- the migration history `outbox._sqlx_migrations`, of which the relay reads two columns).
 GRANT USAGE ON SCHEMA outbox TO outbox_app, outbox_relay;
 
 -- The application: insert events, and read the three columns emit's statements need.
@@ -94,6 +94,10 @@ GRANT UPDATE (available_at, lease_token, attempts, expired_leases, last_error, d
 -- An idle relay registers itself as asleep (an upsert), and withdraws when it wakes.
 GRANT SELECT, INSERT, DELETE ON outbox.sleeping_relays TO outbox_relay;
 GRANT UPDATE (event_types, until) ON outbox.sleeping_relays TO outbox_relay;
+-- At start the relay (and the CLI) compares the migrations applied with the ones it needs, to
+-- refuse an outdated schema with what to do instead of failing on every statement: it reads
+-- which versions succeeded, and nothing else of the history.
+GRANT SELECT (version, success) ON outbox._sqlx_migrations TO outbox_relay;
 
 -- Nobody calls the trigger function directly; firing the trigger needs no EXECUTE.
 REVOKE EXECUTE ON FUNCTION outbox.notify_relays() FROM PUBLIC;

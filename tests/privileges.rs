@@ -557,6 +557,9 @@ async fn the_relay_role_cannot_write_or_rewrite_events(pool: PgPool) {
         "UPDATE outbox.events SET idempotency_key = 'k'",
         "TRUNCATE outbox.events",
         "SELECT * FROM outbox._sqlx_migrations",
+        "SELECT checksum FROM outbox._sqlx_migrations",
+        "UPDATE outbox._sqlx_migrations SET success = false",
+        "DELETE FROM outbox._sqlx_migrations",
         "CREATE TABLE outbox.mine (id int)",
         "DROP TABLE outbox.events",
         "ALTER TABLE outbox.events DISABLE TRIGGER events_notify_relays",
@@ -578,6 +581,26 @@ async fn the_relay_role_cannot_write_or_rewrite_events(pool: PgPool) {
             .unwrap();
     assert_eq!(event_type, "order.placed");
     assert_eq!(payload["total_cents"], 1);
+    relay_pool.close().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_relay_role_without_the_history_grant_is_told_which_grant(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let revoke =
+        format!("REVOKE SELECT (version, success) ON outbox._sqlx_migrations FROM {}", roles.relay);
+    sqlx::query(sqlx::static_sql(revoke)).execute(&pool).await.unwrap();
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+
+    let relay = Relay::builder(relay_pool.clone()).state(Desk::default()).handler(on_placed);
+    let err = relay.build().unwrap().run_until(std::future::pending()).await.unwrap_err();
+    let Error::MigrationsUnreadable { role, table, .. } = &err else {
+        panic!("expected MigrationsUnreadable, got {err:?}");
+    };
+    assert_eq!((role.as_str(), *table), (roles.relay.as_str(), "outbox._sqlx_migrations"));
+    let grant =
+        format!("GRANT SELECT (version, success) ON outbox._sqlx_migrations TO {}", roles.relay);
+    assert!(err.to_string().contains(&grant), "{err}");
     relay_pool.close().await;
 }
 
@@ -705,7 +728,7 @@ async fn the_owner_role_migrates_and_grants_without_superuser(pool: PgPool) {
     assert_eq!(*desk.delivered.lock().unwrap(), [id]);
 
     // The roles' privileges are the script's, and no more: nobody but the owner may create in
-    // the schema, and the migration history is the owner's alone.
+    // the schema, and of the migration history the relay reads two columns only.
     let privileges: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT r, has_schema_privilege(r, 'outbox', 'CREATE'), \
                 has_table_privilege(r, 'outbox._sqlx_migrations', 'SELECT,INSERT,UPDATE,DELETE') \

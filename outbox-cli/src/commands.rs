@@ -45,8 +45,13 @@ pub enum Report {
     },
 }
 
-/// Runs `command` against `pool`.
+/// Runs `command` against `pool`. Every command but `migrate` first checks that the schema has
+/// the migrations this version needs: against an outdated one it says to migrate, instead of
+/// failing on a missing column (or, for `forward`, retrying one).
 pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
+    if !matches!(command, Command::Migrate) {
+        outbox_runtime::check_schema(pool).await?;
+    }
     match command {
         Command::Migrate => {
             outbox_runtime::migrate(pool).await?;

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use outbox_runtime::SchemaVersion;
 use uuid::Uuid;
 
 /// The expected shape of a database URL, quoted in errors about it.
@@ -26,6 +27,13 @@ pub enum Failure {
     },
     /// `outbox.events` does not exist.
     SchemaMissing,
+    /// The schema lacks migrations this version of the CLI needs.
+    SchemaOutdated {
+        /// The newest of them the schema has.
+        applied: SchemaVersion,
+        /// The newest of them it lacks.
+        needed: SchemaVersion,
+    },
     /// No dead event has this id.
     NoSuchDeadEvent(Uuid),
     /// `outbox forward` cannot reach or use its broker as configured.
@@ -38,6 +46,9 @@ impl From<outbox_runtime::Error> for Failure {
     fn from(error: outbox_runtime::Error) -> Self {
         match error {
             outbox_runtime::Error::SchemaMissing => Failure::SchemaMissing,
+            outbox_runtime::Error::SchemaOutdated { applied, needed } => {
+                Failure::SchemaOutdated { applied, needed }
+            }
             other => Failure::Outbox(other),
         }
     }
@@ -60,6 +71,11 @@ impl fmt::Display for Failure {
             Failure::SchemaMissing => {
                 write!(f, "the outbox schema is missing: run `outbox migrate`")
             }
+            Failure::SchemaOutdated { applied, needed } => write!(
+                f,
+                "the outbox schema is at {applied}, but this outbox CLI needs {needed}: run \
+                 `outbox migrate` (as the role that owns the schema), then this command again"
+            ),
             Failure::NoSuchDeadEvent(id) => write!(f, "no dead event with id {id}"),
             Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {

@@ -20,8 +20,9 @@
 //! stable field names listed in each command's `--help` (timestamps RFC 3339 in UTC, durations
 //! in seconds). Errors go to stderr as one line of text, with exit status 1 (2 for usage
 //! errors): a malformed URL, an unreachable database (named by host and port, never by its URL,
-//! which may hold a password; the wait is at most 5 s), and a missing schema ("run `outbox
-//! migrate`") each get their own message.
+//! which may hold a password; the wait is at most 5 s), and a missing or outdated schema ("run
+//! `outbox migrate`") each get their own message. Every command but `migrate` checks the schema
+//! first; a schema migrated by a newer version is used as it is.
 
 mod cli;
 mod commands;

@@ -474,6 +474,52 @@ async fn missing_schema_says_to_run_migrate(pool: PgPool) {
     }
 }
 
+#[sqlx::test(migrations = false)]
+async fn outdated_schema_says_to_run_migrate_and_names_both_versions(pool: PgPool) {
+    // A schema an older release left: its newest migration `expired_leases`.
+    migrated_up_to(&pool, 20261201000001).await;
+    let id = Uuid::now_v7().to_string();
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["dead", "list"],
+        &["dead", "show", &id],
+        &["dead", "requeue", "--all"],
+        &["dead", "discard", "--all"],
+        &["purge", "--older-than", "7d"],
+    ] {
+        let stderr = outbox(&pool, args).fails(1);
+        assert!(
+            stderr.starts_with(
+                "error: the outbox schema is at 20261201000001 (expired leases), but this outbox \
+                 CLI needs 2026"
+            ),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.ends_with(": run `outbox migrate` (as the role that owns the schema), then this command again\n"), "{args:?}: {stderr}");
+    }
+
+    // `migrate` brings it up to date, and the commands run.
+    let run = outbox(&pool, &["migrate"]).ok();
+    assert_eq!(run.stdout, "the outbox schema is up to date\n");
+    outbox(&pool, &["status", "--json"]).json();
+}
+
+#[sqlx::test(migrations = false)]
+async fn schema_newer_than_the_cli_is_used(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::query(
+        "INSERT INTO outbox._sqlx_migrations (version, description, success, checksum, \
+                                              execution_time) \
+         VALUES (99991231000001, 'from a newer release', true, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let status = outbox(&pool, &["status", "--json"]).json();
+    assert_eq!(status["pending"], 0, "{status}");
+}
+
 #[test]
 fn malformed_url_shows_the_expected_form_and_never_the_password() {
     for url in [

@@ -63,6 +63,9 @@ pub struct Field {
     /// An `#[outbox]` attribute here was unreadable or had a misspelled `id` (already reported):
     /// the field may be meant as the id.
     pub maybe_id: bool,
+    /// The `#[serde(...)]` keys that can keep the field out of the payload or from being read
+    /// back from it (`skip` and its kin), which the id field cannot have.
+    pub serde_skips: Vec<Ident>,
 }
 
 /// `version = N`, with N from 1 to `u32::MAX`.
@@ -195,6 +198,7 @@ impl Field {
             Ok(())
         });
         out.maybe_id |= !complete;
+        out.serde_skips = serde::field_skips(attrs);
         out
     }
 }

@@ -184,6 +184,7 @@ fn id_field<'a>(
     let mut marked = fields.iter().filter_map(|field| Some((field, field.attrs.id.as_ref()?)));
     let first = marked.next().map(|(field, _)| field);
     if let Some(first) = first {
+        not_skipped(cx, first);
         for (_, key) in marked {
             cx.error_spanned_by(
                 key,
@@ -211,6 +212,28 @@ fn id_field<'a>(
         );
     }
     first
+}
+
+/// Reports the serde keys that would keep the id field out of the payload, or keep it from being
+/// read back: the id is taken from the value at emit, but a delivered event is read from the
+/// payload, and would not carry the id it was emitted with.
+fn not_skipped(cx: &Ctxt, id: &Field) {
+    let name = id.ident;
+    for key in &id.attrs.serde_skips {
+        let effect = if key == "skip_deserializing" {
+            format!("`{name}` would not be read back from the payload")
+        } else if key == "skip_serializing_if" {
+            format!("`{name}` would be left out of the payload whenever the condition holds")
+        } else {
+            format!("`{name}` would be left out of the payload")
+        };
+        cx.error_spanned_by(
+            key,
+            format_args!(
+                "the aggregate id field cannot be skipped by serde: {effect}, and a delivered event would not carry the id it was emitted with; remove `{key}`"
+            ),
+        );
+    }
 }
 
 fn shape_error(cx: &Ctxt, ident: &Ident, data: &Data) {
@@ -300,6 +323,43 @@ mod tests {
                 "missing `#[outbox(event_type = \"...\")]` on variant `Missing`",
                 "no field of `OrderEvent::Missing` is marked `#[outbox(id)]`: add it to the field that holds the aggregate id",
             ]
+        );
+    }
+
+    #[test]
+    fn the_id_field_is_never_skipped_by_serde() {
+        let errors = errors(parse_quote! {
+            #[outbox(aggregate = "order", event_type = "order.placed")]
+            struct OrderPlaced {
+                #[outbox(id)]
+                #[serde(rename = "id", skip_serializing_if = "is_zero")]
+                #[serde(skip_deserializing, default)]
+                order_id: u64,
+                #[serde(skip)]
+                note: String,
+            }
+        });
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("left out of the payload whenever"), "{errors:?}");
+        assert!(errors[0].ends_with("remove `skip_serializing_if`"), "{errors:?}");
+        assert!(errors[1].contains("`order_id` would not be read back"), "{errors:?}");
+        assert!(errors[1].ends_with("remove `skip_deserializing`"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_struct_variant_id_is_never_skipped_by_serde() {
+        let errors = errors(parse_quote! {
+            #[outbox(aggregate = "order")]
+            enum OrderEvent {
+                #[outbox(event_type = "order.cancelled")]
+                Cancelled { #[serde(skip)] #[outbox(id)] order_id: u64 },
+                #[outbox(event_type = "order.shipped")]
+                Shipped { #[outbox(id)] order_id: u64, #[serde(skip_serializing)] note: String },
+            }
+        });
+        assert_eq!(
+            errors,
+            ["the aggregate id field cannot be skipped by serde: `order_id` would be left out of the payload, and a delivered event would not carry the id it was emitted with; remove `skip`"]
         );
     }
 

@@ -20,6 +20,44 @@ pub enum Error {
     #[error("the outbox schema is missing: run `outbox_runtime::migrate` first")]
     SchemaMissing,
 
+    /// The outbox schema lacks migrations this version of the crate needs: it was migrated by
+    /// an older version, or not since this one was deployed. Checked by
+    /// [`check_schema`](crate::check_schema), which the relay runs before it leases anything and
+    /// the `outbox` CLI before every command but `migrate`: without it, every statement using a
+    /// newer column would fail and be retried without end.
+    ///
+    /// A schema with migrations *newer* than this version knows is accepted: that is a rolling
+    /// deploy in which a newer version migrated first, and the outbox's migrations only add
+    /// (columns with defaults, indexes, functions), so an older relay keeps working on it. A
+    /// release whose migration breaks older versions will say so in the changelog.
+    #[error(
+        "the outbox schema is at {applied}, but this version of outbox_runtime needs {needed}:          apply its migrations with `outbox_runtime::migrate` (or `outbox migrate`), then start          again"
+    )]
+    SchemaOutdated {
+        /// The newest of this version's migrations that the schema has.
+        applied: crate::SchemaVersion,
+        /// The newest of this version's migrations that the schema lacks.
+        needed: crate::SchemaVersion,
+    },
+
+    /// The role may not read the outbox's migration history, so
+    /// [`check_schema`](crate::check_schema) cannot tell whether the schema is recent enough.
+    /// The relay refuses to start rather than guess: grant the role SELECT on the history's
+    /// `version` and `success` columns (`docs/least-privilege.sql` does, in its `objects` step).
+    #[error(
+        "cannot check the outbox schema's migrations: role {role} may not read {table}; grant          it with `GRANT SELECT (version, success) ON {table} TO {role}` (as in the `objects`          step of docs/least-privilege.sql)"
+    )]
+    MigrationsUnreadable {
+        /// The role, as SQL names it (quoted if it needs to be).
+        role: String,
+        /// The history table: `outbox._sqlx_migrations`, or `_sqlx_migrations` when the
+        /// migrations went through [`with_outbox_migrations`](crate::with_outbox_migrations).
+        table: &'static str,
+        /// The database's refusal.
+        #[source]
+        cause: sqlx::Error,
+    },
+
     /// The relay's forwarding sink is not set up to take its messages (broker unreachable, no
     /// stream or exchange): checked before the relay starts.
     #[error("the forwarding sink is not ready")]

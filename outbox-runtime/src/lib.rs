@@ -51,7 +51,7 @@ pub mod testing;
 pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
 pub use error::{BoxError, Error, InvalidEvent};
 pub use event::{EventType, OutboxEvent};
-pub use migrate::{migrate, with_outbox_migrations};
+pub use migrate::{check_schema, migrate, with_outbox_migrations, SchemaVersion};
 pub use relay::{
     Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, NewerVersions,
     Relay, RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,

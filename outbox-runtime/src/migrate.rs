@@ -1,4 +1,8 @@
-//! Applying the outbox schema with sqlx's migrator.
+//! Applying the outbox schema with sqlx's migrator, and checking that a schema has every
+//! migration this version needs before anything runs on it.
+
+use std::fmt;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sqlx::error::BoxDynError;
@@ -7,7 +11,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::error::Error;
-use crate::store;
+use crate::store::{self, History};
 
 /// The outbox migrations (`migrations/` in this package, so the published crate has them),
 /// embedded at compile time.
@@ -78,5 +82,217 @@ struct Migrations(Vec<Migration>);
 impl<'s> MigrationSource<'s> for Migrations {
     fn resolve(self) -> BoxFuture<'s, Result<Vec<Migration>, BoxDynError>> {
         Box::pin(async move { Ok(self.0) })
+    }
+}
+
+/// One of the outbox's migrations: its version (the number its file name starts with) and its
+/// description (the rest of the name, as sqlx reads it). Displays as
+/// `20261202000002 (sql producers)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SchemaVersion {
+    /// The migration's version.
+    pub version: i64,
+    /// The migration's description.
+    pub description: &'static str,
+}
+
+impl fmt::Display for SchemaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.version, self.description)
+    }
+}
+
+/// Checks that the outbox schema has every migration this version of the crate needs, and
+/// fails with what to do when it does not: [`Error::SchemaMissing`] without an outbox schema,
+/// [`Error::SchemaOutdated`] naming the schema's version and the one needed when migrations
+/// are missing, [`Error::MigrationsUnreadable`] naming the grant when the role may not read the
+/// migration history. [`Relay::run_until`](crate::Relay::run_until) runs it before leasing, and
+/// the `outbox` CLI before every command but `migrate`; call it yourself in a readiness check.
+///
+/// A schema with migrations newer than this version knows passes, logged at info: see
+/// [`Error::SchemaOutdated`]. The history read is the one [`migrate`] writes,
+/// `outbox._sqlx_migrations`, or, when there is none, the `_sqlx_migrations` in the search path
+/// (where [`with_outbox_migrations`] puts it). With neither, or a history holding none of the
+/// outbox's migrations, there is nothing to compare: the check passes, logged at debug.
+///
+/// The relay role needs `SELECT (version, success)` on the history, which
+/// `docs/least-privilege.sql` grants.
+pub async fn check_schema(pool: &PgPool) -> Result<(), Error> {
+    let found = store::find_schema(pool).await?;
+    if !found.events {
+        return Err(Error::SchemaMissing);
+    }
+    let Some(history) = found.history else {
+        tracing::debug!(
+            "the outbox schema has no migration history to check: neither \
+             `outbox._sqlx_migrations` nor a `_sqlx_migrations` in the search path"
+        );
+        return Ok(());
+    };
+    let applied = store::applied_migrations(pool, history).await.map_err(|cause| {
+        if cause.as_database_error().and_then(|db| db.code()).as_deref() == Some(PERMISSION_DENIED)
+        {
+            let role = sql_identifier(&found.role);
+            Error::MigrationsUnreadable { role, table: history.table(), cause }
+        } else {
+            Error::from(cause)
+        }
+    })?;
+    match compare(&known(), &applied, history) {
+        Verdict::Current => Ok(()),
+        Verdict::Outdated { applied, needed } => Err(Error::SchemaOutdated { applied, needed }),
+        Verdict::Newer { count, newest } => {
+            tracing::info!(
+                newer_migrations = count,
+                newest,
+                "the outbox schema has migrations newer than this version knows (a newer \
+                 version migrated it); running on it, as the outbox's migrations only add"
+            );
+            Ok(())
+        }
+        Verdict::Unrelated => {
+            tracing::debug!(
+                table = history.table(),
+                "the migration history holds none of the outbox's migrations: not checked"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// [`check_schema`] for the relay's start: a database error (the database unreachable for a
+/// while) is logged and the check tried again, as the relay does with every database error;
+/// everything else is the answer.
+pub(crate) async fn await_schema(pool: &PgPool) -> Result<(), Error> {
+    let mut retry = Duration::from_millis(100);
+    loop {
+        match check_schema(pool).await {
+            Err(Error::Database(error)) => {
+                tracing::warn!(%error, retry_in = ?retry, "cannot check the outbox schema");
+            }
+            checked => return checked,
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// SQLSTATE `insufficient_privilege`.
+const PERMISSION_DENIED: &str = "42501";
+
+/// This version's migrations, oldest first.
+fn known() -> Vec<SchemaVersion> {
+    let mut known: Vec<SchemaVersion> = MIGRATOR
+        .iter()
+        .filter(|migration| !migration.migration_type.is_down_migration())
+        .map(|migration| SchemaVersion {
+            version: migration.version,
+            description: &migration.description,
+        })
+        .collect();
+    known.sort_by_key(|migration| migration.version);
+    known
+}
+
+/// How a schema's history compares with this version's migrations.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// It has all of them, and nothing newer.
+    Current,
+    /// It lacks some; the newest it has and the newest it lacks.
+    Outdated { applied: SchemaVersion, needed: SchemaVersion },
+    /// It has all of them, and `count` newer ones (only told in the outbox's own history).
+    Newer { count: usize, newest: i64 },
+    /// It has none of them: not the outbox's history.
+    Unrelated,
+}
+
+/// `known` oldest first; `applied` in any order.
+fn compare(known: &[SchemaVersion], applied: &[i64], history: History) -> Verdict {
+    let has = |migration: &&SchemaVersion| applied.contains(&migration.version);
+    let Some(newest_applied) = known.iter().rev().find(has) else {
+        return Verdict::Unrelated;
+    };
+    if let Some(needed) = known.iter().rev().find(|migration| !has(migration)) {
+        return Verdict::Outdated { applied: *newest_applied, needed: *needed };
+    }
+    let newest_known = known.last().map_or(i64::MIN, |migration| migration.version);
+    // The application's own history holds its own migrations too, newer or not.
+    let newer = applied.iter().filter(|version| **version > newest_known);
+    match (history, newer.clone().max()) {
+        (History::Outbox, Some(newest)) => Verdict::Newer { count: newer.count(), newest: *newest },
+        _ => Verdict::Current,
+    }
+}
+
+/// `name` as an SQL identifier: bare when PostgreSQL would read it back unchanged, else quoted.
+fn sql_identifier(name: &str) -> String {
+    let mut chars = name.chars();
+    let bare = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '$');
+    if bare {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn version(version: i64, description: &'static str) -> SchemaVersion {
+        SchemaVersion { version, description }
+    }
+
+    const KNOWN: [SchemaVersion; 3] =
+        [version(1, "create outbox"), version(2, "expired leases"), version(3, "sql producers")];
+
+    #[test]
+    fn all_applied_is_current() {
+        assert_eq!(compare(&KNOWN, &[3, 1, 2], History::Outbox), Verdict::Current);
+    }
+
+    #[test]
+    fn a_missing_migration_names_the_newest_applied_and_the_newest_needed() {
+        let outdated = Verdict::Outdated { applied: KNOWN[1], needed: KNOWN[2] };
+        assert_eq!(compare(&KNOWN, &[1, 2], History::Outbox), outdated);
+        assert_eq!(compare(&KNOWN, &[1, 2], History::SearchPath), outdated);
+        // A gap: the newest it has is newer than the one it lacks.
+        let gap = Verdict::Outdated { applied: KNOWN[2], needed: KNOWN[1] };
+        assert_eq!(compare(&KNOWN, &[1, 3], History::Outbox), gap);
+    }
+
+    #[test]
+    fn newer_migrations_are_told_only_in_the_outbox_history() {
+        let newer = Verdict::Newer { count: 2, newest: 5 };
+        assert_eq!(compare(&KNOWN, &[1, 2, 3, 4, 5], History::Outbox), newer);
+        // The application's history holds the application's migrations.
+        assert_eq!(compare(&KNOWN, &[1, 2, 3, 4, 5], History::SearchPath), Verdict::Current);
+    }
+
+    #[test]
+    fn a_history_without_outbox_migrations_is_not_the_outbox_one() {
+        assert_eq!(compare(&KNOWN, &[], History::Outbox), Verdict::Unrelated);
+        assert_eq!(compare(&KNOWN, &[7, 8], History::SearchPath), Verdict::Unrelated);
+    }
+
+    #[test]
+    fn the_embedded_migrations_are_known_oldest_first() {
+        let known = known();
+        assert!(known.len() >= 5, "{known:?}");
+        assert!(known.windows(2).all(|pair| pair[0].version < pair[1].version), "{known:?}");
+        let expired = known.iter().find(|m| m.version == 20261201000001).unwrap();
+        assert_eq!(expired.to_string(), "20261201000001 (expired leases)");
+    }
+
+    #[test]
+    fn roles_are_quoted_only_when_they_must_be() {
+        assert_eq!(sql_identifier("outbox_relay"), "outbox_relay");
+        assert_eq!(sql_identifier("Relay"), "\"Relay\"");
+        assert_eq!(sql_identifier("relay-1"), "\"relay-1\"");
+        assert_eq!(sql_identifier("a\"b"), "\"a\"\"b\"");
+        assert_eq!(sql_identifier("1relay"), "\"1relay\"");
     }
 }

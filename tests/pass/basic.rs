@@ -10,6 +10,18 @@ struct OrderPlaced {
     total_cents: i64,
 }
 
+/// serde's field attributes are serde's, on the id (a rename) and off it (a skip): only a skip
+/// of the id is an error.
+#[derive(Debug, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.noted")]
+struct OrderNoted {
+    #[outbox(id)]
+    #[serde(rename = "id")]
+    order_id: Uuid,
+    #[serde(skip)]
+    draft: String,
+}
+
 fn routing_key<E: OutboxEvent>(event: &E) -> (&'static str, &'static str, String) {
     (
         E::AGGREGATE_TYPE,
@@ -37,4 +49,10 @@ fn main() {
     let json = serde_json::to_string(&event).unwrap();
     let back: OrderPlaced = serde_json::from_str(&json).unwrap();
     assert_eq!(back, event);
+
+    let noted = OrderNoted { order_id, draft: "unsent".to_owned() };
+    let json = serde_json::to_value(&noted).unwrap();
+    assert_eq!(json, serde_json::json!({ "id": order_id }));
+    let back: OrderNoted = serde_json::from_value(json).unwrap();
+    assert_eq!(back.aggregate_id(), noted.aggregate_id());
 }

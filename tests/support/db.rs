@@ -12,6 +12,37 @@ pub async fn migrated(pool: &PgPool) {
     outbox_runtime::migrate(pool).await.expect("outbox migrations apply");
 }
 
+/// Leaves the outbox schema as a release whose newest migration was `version` would have: the
+/// files of `outbox-runtime/migrations/` up to it, copied to a directory of this call's own and
+/// run by sqlx's migrator into `outbox._sqlx_migrations`, as `migrate` runs them.
+pub async fn migrated_up_to(pool: &PgPool, version: i64) {
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/../outbox-runtime/migrations");
+    let dir = std::env::temp_dir().join(format!("outbox-migrations-{}", Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    let mut copied = 0;
+    for entry in std::fs::read_dir(source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let number: i64 = name.split('_').next().unwrap().parse().unwrap();
+        if number <= version {
+            std::fs::copy(&path, dir.join(&name)).unwrap();
+            copied += 1;
+        }
+    }
+    assert!(copied > 0, "no outbox migration up to {version}");
+    sqlx::query("CREATE SCHEMA outbox").execute(pool).await.unwrap();
+    let options = (*pool.connect_options()).clone().options([("search_path", "outbox")]);
+    let outbox = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let migrator = sqlx::migrate::Migrator::new(dir.as_path()).await.unwrap();
+    migrator.run(&outbox).await.expect("the older migrations apply");
+    outbox.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Emits `events` in one committed transaction; returns their ids.
 pub async fn emit_committed<E: OutboxEvent>(pool: &PgPool, events: &[E]) -> Vec<Uuid> {
     let mut tx = pool.begin().await.unwrap();

@@ -1,13 +1,16 @@
-//! The `#[serde(...)]` keys an event family cannot have.
+//! The `#[serde(...)]` keys an event cannot have, and the ones on a field that `valid` needs.
 //!
 //! A family's value is stored as its variant's event type with the variant's content as the
 //! payload, and read back by variant index: that needs serde's default, externally tagged
 //! representation (`{"Variant": content}`) and every variant serialized and deserialized.
-//! Everything else about serde (renames, field attributes) is left to serde. Unreadable serde
-//! attributes are serde's to report.
+//! The aggregate id is read from the value when it is emitted, and a delivered event is read
+//! from the payload: a field serde may leave out of the payload, or not read back from it,
+//! cannot be the id (whether a field is the id is `valid`'s to say, so only the keys are read
+//! here). Everything else about serde (renames, other field attributes) is left to serde.
+//! Unreadable serde attributes are serde's to report.
 
 use proc_macro2::TokenStream;
-use syn::Attribute;
+use syn::{Attribute, Ident};
 
 use super::value::skip_value;
 use crate::ctxt::Ctxt;
@@ -51,17 +54,42 @@ pub fn check_variant(cx: &Ctxt, attrs: &[Attribute]) {
     });
 }
 
+/// A field's serde keys that can keep it out of the payload (`skip`, `skip_serializing`,
+/// `skip_serializing_if`) or keep it from being read back (`skip_deserializing`), in source
+/// order, each spanned at the key alone.
+pub fn field_skips(attrs: &[Attribute]) -> Vec<Ident> {
+    let mut skips = Vec::new();
+    each_meta(attrs, |key, _| {
+        if FIELD_SKIPS.iter().any(|skip| key == skip) {
+            skips.push(key.clone());
+        }
+    });
+    skips
+}
+
+/// The keys [`field_skips`] returns.
+const FIELD_SKIPS: &[&str] =
+    &["skip", "skip_serializing", "skip_deserializing", "skip_serializing_if"];
+
 /// Runs `each` on every key of every `#[serde(...)]` in `attrs`, with the key's tokens and its
 /// value's (for spanning an error).
 fn each_key(attrs: &[Attribute], mut each: impl FnMut(&str, TokenStream)) {
+    each_meta(attrs, |key, value| {
+        let mut tokens = quote::quote!(#key);
+        tokens.extend(value);
+        each(&key.to_string(), tokens);
+    });
+}
+
+/// Runs `each` on every single-word key of every `#[serde(...)]` in `attrs`, with its value's
+/// tokens (`= ...` or `(...)`, empty for a flag).
+fn each_meta(attrs: &[Attribute], mut each: impl FnMut(&Ident, TokenStream)) {
     for attr in attrs.iter().filter(|attr| attr.path().is_ident(SERDE)) {
         // A syntax error is serde's to report; the keys read before it are still checked.
         let _ = attr.parse_nested_meta(|meta| {
             let value = skip_value(meta.input)?;
             if let Some(key) = meta.path.get_ident() {
-                let mut tokens = quote::quote!(#key);
-                tokens.extend(value);
-                each(&key.to_string(), tokens);
+                each(key, value);
             }
             Ok(())
         });

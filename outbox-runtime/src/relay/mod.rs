@@ -129,6 +129,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// Database errors are logged and retried, never fatal, except a missing outbox schema.
     /// Before anything else it checks that its connections keep their session: through a pooler
     /// in transaction mode it returns [`Error::TransactionPooling`] without leasing anything.
+    /// Then it checks the schema's migrations ([`check_schema`](crate::check_schema)): a schema
+    /// lacking some of this version's is [`Error::SchemaOutdated`], returned at once.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> Result<(), outbox_runtime::Error> {
@@ -145,6 +147,10 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let mut shutdown = std::pin::pin!(shutdown);
         tokio::select! {
             checked = connections::check_sessions(&self.pool) => checked?,
+            () = &mut shutdown => return Ok(self.metrics.counts()),
+        }
+        tokio::select! {
+            checked = crate::migrate::await_schema(&self.pool) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
         let connections = Connections::open(&self.pool);

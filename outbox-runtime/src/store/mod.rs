@@ -31,7 +31,7 @@ pub use ops::DeadEvent;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
 };
-pub(crate) use schema::create_schema;
+pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
     backend_pid, notify_relays, register_sleeper, unregister_sleeper, wake_lock_holders,
 };
@@ -149,6 +149,9 @@ mod tests {
             ("wake lock holders", parameters(sleepers::wake_lock_holders_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
             ("migrate lock", parameters(schema::migrate_lock_query())),
+            ("find schema", parameters(schema::find_schema_query())),
+            ("applied outbox", parameters(schema::applied_query(History::Outbox))),
+            ("applied search path", parameters(schema::applied_query(History::SearchPath))),
         ];
         for (name, (named, bound)) in statements {
             assert_eq!(named, bound, "`{name}` names ${named} but binds {bound} values");

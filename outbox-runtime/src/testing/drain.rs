@@ -152,7 +152,8 @@ pub enum DrainError {
     /// The builder does not build a relay.
     #[error("the relay does not build")]
     Build(#[from] BuildError),
-    /// The relay stopped with an error (the outbox schema missing, a forwarding sink not ready).
+    /// The relay stopped with an error (the outbox schema missing or outdated, a forwarding sink
+    /// not ready).
     #[error("the relay stopped with an error")]
     Relay(#[source] Error),
     /// The drain could not read the outbox to see what is left.

@@ -1,0 +1,13 @@
+use outbox_runtime::OutboxEvent;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", event_type = "order.placed")]
+struct OrderPlaced {
+    #[outbox(id)]
+    #[serde(skip)]
+    order_id: u64,
+    total_cents: u64,
+}
+
+fn main() {}
