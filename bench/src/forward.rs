@@ -336,14 +336,14 @@ impl<S: Sink> Sink for Timed<S> {
         self.inner.check()
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
             let started = Instant::now();
             self.batches.0.lock().unwrap().first.get_or_insert(started);
-            let outcomes = self.inner.publish(batch).await;
+            let outcomes = self.inner.send(batch).await;
             let ended = Instant::now();
             let mut t = self.batches.0.lock().unwrap();
             t.batches += 1;

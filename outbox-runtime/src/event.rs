@@ -3,8 +3,8 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::decode::DecodeError;
 use crate::error::InvalidEvent;
-use crate::relay::DecodeError;
 
 /// A typed outbox event: a serde type that knows its aggregate and event type.
 ///

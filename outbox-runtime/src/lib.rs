@@ -32,17 +32,18 @@ compile_error!(
 );
 
 pub mod dead_letters;
+mod decode;
 mod emit;
 mod error;
 mod event;
 pub mod forward;
 mod json;
+#[cfg(feature = "schemars")]
+mod json_schema;
 mod migrate;
 mod otel;
 mod relay;
 mod retention;
-#[cfg(feature = "schemars")]
-mod schema;
 mod stats;
 mod store;
 #[cfg(feature = "testing")]
@@ -51,14 +52,14 @@ pub mod testing;
 pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
 pub use error::{BoxError, Error, InvalidEvent};
 pub use event::{EventType, OutboxEvent};
+#[cfg(feature = "schemars")]
+pub use json_schema::{event_schemas, EventSchema};
 pub use migrate::{check_schema, migrate, with_outbox_migrations, SchemaVersion};
 pub use relay::{
     Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, NewerVersions,
     Relay, RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,
 };
 pub use retention::purge_published;
-#[cfg(feature = "schemars")]
-pub use schema::{event_schemas, EventSchema};
 pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};
 
 /// Derives [`OutboxEvent`] for a serde struct; see the trait for the attributes.

@@ -3,9 +3,9 @@
 
 pub use serde;
 
+pub use crate::decode::DecodeError;
 pub use crate::error::InvalidEvent;
 pub use crate::event::EventType;
-pub use crate::relay::DecodeError;
 
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
@@ -20,7 +20,7 @@ pub fn aggregate_id<T: ?Sized + core::fmt::Display>(id: &T) -> String {
 /// Decodes a payload written at the type's own version.
 #[inline]
 pub fn decode<T: serde::de::DeserializeOwned>(payload: &str) -> Result<T, DecodeError> {
-    crate::relay::decode(payload)
+    crate::decode::decode(payload)
 }
 
 /// Decodes the payload of an enum family's struct variant number `index` (serde's numbering).
@@ -29,7 +29,7 @@ pub fn decode_variant<T: serde::de::DeserializeOwned>(
     index: u32,
     payload: &str,
 ) -> Result<T, DecodeError> {
-    crate::relay::decode_variant(index, payload)
+    crate::decode::decode_variant(index, payload)
 }
 
 /// `OutboxEvent::__read` of a type without predecessors.
@@ -39,7 +39,7 @@ pub fn read_plain<E: OutboxEvent>(
     version: u32,
     payload: &str,
 ) -> Result<E, DecodeError> {
-    crate::relay::read_plain(event_type, version, payload)
+    crate::decode::read_plain(event_type, version, payload)
 }
 
 /// Converts a predecessor's value into its successor's; a failure names both versions.
@@ -50,7 +50,7 @@ where
     E: OutboxEvent + TryFrom<P>,
     E::Error: Into<BoxError>,
 {
-    crate::relay::upcast(previous)
+    crate::decode::upcast(previous)
 }
 
 /// Compiles only if `E` converts from its predecessor `P`. The derive calls it at the
@@ -66,13 +66,13 @@ where
 /// The error for a stored version `E` does not read.
 #[inline]
 pub fn unknown_version<E: OutboxEvent>(event_type: &str, version: u32) -> DecodeError {
-    crate::relay::unknown_version::<E>(event_type, version)
+    crate::decode::unknown_version::<E>(event_type, version)
 }
 
 /// The error for an event type `E` does not have.
 #[inline]
 pub fn unknown_event_type<E>(event_type: &str) -> DecodeError {
-    crate::relay::unknown_event_type::<E>(event_type)
+    crate::decode::unknown_event_type::<E>(event_type)
 }
 
 /// The payload of an enum family's struct variant: the variant's content, without serde's tag.

@@ -17,7 +17,7 @@ impl<S: Sink> Sink for Flaky<S> {
         self.inner.check()
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
@@ -30,7 +30,7 @@ impl<S: Sink> Sink for Flaky<S> {
                 .filter(|(_, &refused)| !refused)
                 .map(|(message, _)| message.clone())
                 .collect();
-            let mut published = self.inner.publish(&passed).await.into_iter();
+            let mut published = self.inner.send(&passed).await.into_iter();
             batch
                 .iter()
                 .zip(refused)
@@ -92,12 +92,12 @@ impl<S: Sink> Sink for Away<S> {
         }
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         if !self.switch.is_away() {
-            return self.inner.publish(batch);
+            return self.inner.send(batch);
         }
         let away = |m: &OutboundMessage| Err(SinkError::unavailable(&m.destination, "away"));
         let outcomes = batch.iter().map(away).collect();

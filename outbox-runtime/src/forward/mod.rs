@@ -47,7 +47,7 @@ pub(crate) use route::ForwardRoute;
 
 /// Longest the relay waits for a sink to confirm a batch: past it, the batch's outcome is
 /// unknown, the sink is taken as unavailable and the messages are sent again once it answers.
-pub const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One message for a broker, mapped from an outbox row (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +123,7 @@ impl SinkError {
     }
 }
 
-/// A message broker a relay forwards to. Implementations publish a batch at once (sending every
+/// A message broker a relay forwards to. Implementations send a batch at once (sending every
 /// message before awaiting any confirmation) and report one outcome per message, in order.
 pub trait Sink: Send + Sync + 'static {
     /// Checks that the broker is reachable and set up to take the relay's messages (a stream
@@ -132,11 +132,12 @@ pub trait Sink: Send + Sync + 'static {
     /// calls it with backoff and resumes delivering once it passes.
     fn check(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 
-    /// Publishes `batch`; resolves once the broker confirmed (or refused) each message. An
+    /// Sends `batch`; resolves once the broker confirmed (or refused) each message. (The row is
+    /// then marked published: in this crate "publish" is that acknowledgement, `published_at`.) An
     /// outcome the sink cannot know (sent, never confirmed) is [`SinkErrorKind::Unavailable`].
-    /// The relay gives a batch [`PUBLISH_TIMEOUT`] and takes a batch still unconfirmed then as
+    /// The relay gives a batch [`CONFIRM_TIMEOUT`] and takes a batch still unconfirmed then as
     /// unavailable.
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;

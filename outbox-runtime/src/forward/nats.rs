@@ -57,7 +57,7 @@ impl Sink for NatsSink {
         })
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {

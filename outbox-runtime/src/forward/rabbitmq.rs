@@ -231,7 +231,7 @@ impl Sink for RabbitSink {
         })
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {

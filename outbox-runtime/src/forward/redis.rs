@@ -58,7 +58,7 @@ impl Sink for RedisSink {
         })
     }
 
-    fn publish<'a>(
+    fn send<'a>(
         &'a self,
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {

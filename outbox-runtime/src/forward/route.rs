@@ -7,9 +7,10 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 
-use crate::forward::PUBLISH_TIMEOUT;
+use crate::decode::DecodeError;
+use crate::forward::CONFIRM_TIMEOUT;
 use crate::forward::{Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth};
-use crate::relay::{DecodeError, DeliveryLease, Payload, Route, RouteFuture, RowMeta, Settled};
+use crate::relay::{DeliveryLease, Payload, Route, RouteFuture, RowMeta, Settled};
 
 /// Most messages published in one batch.
 const MAX_BATCH: usize = 500;
@@ -140,7 +141,7 @@ async fn batch(sink: Arc<dyn Sink>, mut inbox: mpsc::UnboundedReceiver<Pending>)
         let sink = sink.clone();
         publishing.spawn(async move {
             let (messages, senders): (Vec<_>, Vec<_>) = pending.into_iter().unzip();
-            let published = tokio::time::timeout(PUBLISH_TIMEOUT, sink.publish(&messages)).await;
+            let published = tokio::time::timeout(CONFIRM_TIMEOUT, sink.send(&messages)).await;
             let timed_out = published.is_err();
             let mut outcomes = published.unwrap_or_default().into_iter();
             for (message, sender) in messages.iter().zip(senders) {

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::decode::{JsonUpcaster, JsonUpcasters};
 use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute, SinkHealth};
 use crate::relay::config::{Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents};
-use crate::relay::decode::{JsonUpcaster, JsonUpcasters};
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::{Forwarding, Plan, Relay, Routes};

@@ -10,11 +10,11 @@ use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 
+use crate::decode::JsonUpcasters;
 use crate::error::ErrorChain;
 use crate::otel;
 use crate::relay::acker::{Ack, Outcome};
 use crate::relay::context::RowMeta;
-use crate::relay::decode::JsonUpcasters;
 use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;

@@ -10,10 +10,10 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 
+use crate::decode::{read, DecodeError, JsonUpcasters};
 use crate::error::BoxError;
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
-use crate::relay::decode::{read, DecodeError, JsonUpcasters};
 use crate::relay::held::HeldLease;
 use crate::store::OnPublish;
 

@@ -1,8 +1,8 @@
 //! The leases a relay holds, from the lease statement to the acknowledgement.
 //!
 //! Every leased row has one entry here, from the moment the lease returns it until the
-//! acknowledger has written its outcome (or given up writing it). While the entry lives, the
-//! acknowledger renews the row's lease, and the entry's deadline says until when the lease is
+//! acknowledger has written its outcome (or given up writing it). While the entry lives,
+//! `renewals.rs` renews the row's lease, and the entry's deadline says until when the lease is
 //! certainly valid: the send time of the last statement that confirmed it, plus the lease
 //! timeout (the database counts from that statement's start, which is later).
 //!
@@ -17,13 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
-
-use crate::error::ErrorChain;
-use crate::store;
 
 /// Every lease this relay holds; cheap to clone.
 #[derive(Debug, Clone)]
@@ -120,58 +116,34 @@ impl Held {
         self.0.settled.notify_waiters();
     }
 
-    /// Renews every held lease every third of the lease timeout, until cancelled. On its own,
-    /// so that an acknowledgement retrying for a while never holds renewals back. A renewal and
-    /// an acknowledgement can meet on a row: both are fenced and skip a row the other has
-    /// locked, so neither waits, and the acknowledgement that skipped is tried again.
-    pub(crate) async fn renew_periodically(self, pool: PgPool) {
-        let mut renewals = tokio::time::interval(self.0.lease_timeout / 3);
-        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        renewals.tick().await;
-        loop {
-            renewals.tick().await;
-            self.renew(&pool).await;
-        }
+    /// Every held row with its current token, for a renewal.
+    pub(crate) fn tokens(&self) -> (Vec<Uuid>, Vec<Uuid>) {
+        self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip()
     }
 
-    /// Renews every held lease in one statement, and moves the deadlines of those renewed.
-    /// A lease the statement did not renew (taken over, or locked by someone else right now)
-    /// keeps its deadline: its delivery is cancelled when that passes, and not before, since
-    /// until then no other relay can have it.
-    async fn renew(&self, pool: &PgPool) {
-        let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) =
-            self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip();
-        if ids.is_empty() {
-            return;
-        }
-        let sent_at = Instant::now();
-        match store::renew(pool, &ids, &tokens, self.0.lease_timeout).await {
-            Ok(renewed) => {
-                tracing::debug!(
-                    held = ids.len(),
-                    renewed = renewed.len(),
-                    took = ?sent_at.elapsed(),
-                    "outbox leases renewed"
-                );
-                let tokens: HashMap<Uuid, Uuid> = ids.into_iter().zip(tokens).collect();
-                let deadline = sent_at + self.0.lease_timeout;
-                let leases = self.lock();
-                for id in renewed {
-                    match leases.get(&id) {
-                        Some(entry) if Some(&entry.token) == tokens.get(&id) => {
-                            entry.deadline.send_if_modified(|current| {
-                                let later = deadline > *current;
-                                if later {
-                                    *current = deadline;
-                                }
-                                later
-                            });
+    /// The lease timeout every lease is taken for.
+    pub(crate) fn lease_timeout(&self) -> Duration {
+        self.0.lease_timeout
+    }
+
+    /// Moves the deadlines of the `renewed` rows, renewed under `tokens` by a statement sent at
+    /// `sent_at`, unless they were settled or leased again meanwhile.
+    pub(crate) fn renewed(&self, renewed: &[Uuid], tokens: &HashMap<Uuid, Uuid>, sent_at: Instant) {
+        let deadline = sent_at + self.0.lease_timeout;
+        let leases = self.lock();
+        for id in renewed {
+            match leases.get(id) {
+                Some(entry) if Some(&entry.token) == tokens.get(id) => {
+                    entry.deadline.send_if_modified(|current| {
+                        let later = deadline > *current;
+                        if later {
+                            *current = deadline;
                         }
-                        _ => {} // settled or leased again meanwhile
-                    }
+                        later
+                    });
                 }
+                _ => {} // settled or leased again meanwhile
             }
-            Err(error) => tracing::warn!(error = %ErrorChain(&error), "cannot renew outbox leases"),
         }
     }
 

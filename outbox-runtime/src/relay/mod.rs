@@ -6,13 +6,13 @@
 //!   rows leased last while draining a backlog); `held.rs` records each row's lease and
 //!   its deadline, and the row is queued as a `Delivery`.
 //! - `deliver.rs`: when a handler slot is free the delivery starts, if its lease is still valid;
-//!   `decode.rs` reads the payload as the handler's type from its stored version (JSON
+//!   `crate::decode` reads the payload as the handler's type from its stored version (JSON
 //!   upcasters, then the type's `upcast_from` chain), `handler.rs` (or `transactional.rs`
 //!   for a handler that writes in the acknowledgement's transaction) calls the handler, and the
 //!   delivery is cancelled if its lease's deadline passes first.
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
 //!   a batch with one statement per kind (`store::publish`, `fail`, `release`), and the row is
-//!   settled (leaves `held.rs`); beside it, `held.rs` renews every held lease.
+//!   settled (leaves `held.rs`); beside it, `renewals.rs` renews every held lease.
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
 //!   `metrics.rs` (counts), `context.rs` (what a handler sees).
@@ -23,7 +23,6 @@ mod config;
 mod connections;
 mod context;
 mod cursor;
-mod decode;
 mod deliver;
 mod handler;
 mod held;
@@ -31,6 +30,7 @@ mod idle;
 mod listener;
 mod metrics;
 mod pace;
+mod renewals;
 mod transactional;
 mod work;
 
@@ -43,6 +43,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use crate::decode::JsonUpcasters;
 use crate::error::{Error, ErrorChain};
 use crate::forward::{self, Sink, SinkHealth};
 use crate::store::{LeasePlan, LeasedEvent};
@@ -56,12 +57,6 @@ pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, NewerVersions, UnknownEvents};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
-#[cfg(feature = "testing")]
-pub(crate) use decode::read;
-pub use decode::DecodeError;
-pub(crate) use decode::{
-    decode, decode_variant, read_plain, unknown_event_type, unknown_version, upcast, JsonUpcasters,
-};
 pub(crate) use handler::{DeliveryLease, Payload, Route, RouteFuture, Settled};
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
@@ -178,8 +173,10 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             .run(acks_rx),
         );
         // Until the last acknowledgement is written: rows wait for theirs under a valid lease.
-        let renewals =
-            AbortOnDrop::spawn(held.clone().renew_periodically(connections.relay.clone()));
+        let renewals = AbortOnDrop::spawn(renewals::renew_periodically(
+            held.clone(),
+            connections.relay.clone(),
+        ));
         let chores = self.chores(&connections.relay, &wake);
 
         self.metrics.set_running(true);

@@ -13,10 +13,10 @@ use std::ops::Deref;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::oneshot;
 
+use crate::decode::DecodeError;
 use crate::error::{is_unavailable, BoxError, ErrorChain};
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
-use crate::relay::decode::DecodeError;
 use crate::relay::handler::{
     DeliveryLease, ErasedRoute, HandlerContext, Payload, Route, RouteFuture, Settled,
 };

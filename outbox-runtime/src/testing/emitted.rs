@@ -4,9 +4,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::decode::{self, JsonUpcasters};
 use crate::error::{BoxError, Error};
 use crate::event::{EventType, OutboxEvent};
-use crate::relay::{self, JsonUpcasters};
 use crate::store::testing as store;
 
 /// An event the open transaction emitted, with what was stored beside it.
@@ -84,7 +84,7 @@ pub async fn emitted_records<E: OutboxEvent>(
         .map(|row| {
             // The column's check keeps it positive.
             let version = u32::try_from(row.event_version).unwrap_or(1);
-            let event = relay::read::<E>(&row.event_type, version, &row.payload, &upcasters)
+            let event = decode::read::<E>(&row.event_type, version, &row.payload, &upcasters)
                 .map_err(|source| EmittedError::Decode {
                     event_id: row.event_id,
                     event_type: row.event_type.clone(),
