@@ -10,7 +10,7 @@ use sqlx::migrate::{MigrateError, Migration, MigrationSource, Migrator};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::store::{self, History};
 
 /// The outbox migrations (`migrations/` in this package, so the published crate has them),
@@ -169,7 +169,7 @@ pub(crate) async fn await_schema(pool: &PgPool) -> Result<(), Error> {
     loop {
         match check_schema(pool).await {
             Err(Error::Database(error)) => {
-                tracing::warn!(%error, retry_in = ?retry, "cannot check the outbox schema");
+                tracing::warn!(error = %ErrorChain(&error), retry_in = ?retry, "cannot check the outbox schema");
             }
             checked => return checked,
         }

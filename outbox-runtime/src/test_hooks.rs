@@ -89,7 +89,7 @@ pub mod steps {
     ) -> Result<Option<bool>, sqlx::Error> {
         let mut failures = Failures::default();
         failures.push(event_id, token, error.to_owned(), retry_in);
-        let recorded = store::fail(pool, &failures, max_attempts).await?;
+        let recorded = store::fail(pool, &failures, max_attempts.unsigned_abs()).await?;
         Ok(recorded.first().map(|&(_, dead)| dead))
     }
 

@@ -43,7 +43,7 @@ use uuid::Uuid;
 
 pub use health::SinkStatus;
 pub(crate) use health::{probe, SinkHealth};
-pub(crate) use route::ForwardRoute;
+pub(crate) use route::{ForwardRoute, Forwarded};
 
 /// Longest the relay waits for a sink to confirm a batch: past it, the batch's outcome is
 /// unknown, the sink is taken as unavailable and the messages are sent again once it answers.

@@ -2,15 +2,17 @@
 //! deliveries running at once into one batch, so a batch is published with its confirmations
 //! awaited together rather than one round trip per message.
 
+use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 
-use crate::decode::DecodeError;
-use crate::forward::CONFIRM_TIMEOUT;
-use crate::forward::{Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth};
-use crate::relay::{DeliveryLease, Payload, Route, RouteFuture, RowMeta, Settled};
+use crate::error::BoxError;
+use crate::forward::{
+    Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth, CONFIRM_TIMEOUT,
+};
+use crate::relay::RowMeta;
 
 /// Most messages published in one batch.
 const MAX_BATCH: usize = 500;
@@ -90,35 +92,49 @@ impl ForwardRoute {
     }
 }
 
-impl<S> Route<S> for ForwardRoute {
-    fn call(
+/// How forwarding one row ended.
+pub(crate) enum Forwarded {
+    /// The broker confirmed the message.
+    Confirmed,
+    /// The broker was unavailable (why): not the event's failure.
+    Unavailable(String),
+    /// The broker refused the message (or the batcher lost it): a failed attempt.
+    Failed(BoxError),
+}
+
+impl ForwardRoute {
+    /// Sends the message for a row whose payload is `payload` (as stored); resolves with how
+    /// that ended. Nothing is sent while the sink is unavailable.
+    pub(crate) fn forward(
         &self,
-        _state: S,
-        meta: RowMeta,
-        payload: Payload<'_>,
-        _: DeliveryLease,
-    ) -> Result<RouteFuture, DecodeError> {
-        if !self.health.is_available() {
-            // Queued before the sink went down: back to pending untried.
-            let waiting = "the sink is unavailable".to_owned();
-            return Ok(Box::pin(async move { Ok(Settled::Unavailable(waiting)) }));
-        }
-        let message = self.message(&meta, payload.json);
-        let (done, outcome) = oneshot::channel();
-        let sent = self.batcher().send((message, done));
+        meta: &RowMeta,
+        payload: &str,
+    ) -> impl Future<Output = Forwarded> + Send + 'static {
+        let sent = self.health.is_available().then(|| {
+            let (done, outcome) = oneshot::channel();
+            (self.batcher().send((self.message(meta, payload), done)), outcome)
+        });
         let health = self.health.clone();
-        Ok(Box::pin(async move {
-            sent.map_err(|_| "the forwarding batcher stopped")?;
-            let published = outcome.await.map_err(|_| "the broker's confirmation was lost")?;
-            match published {
-                Ok(()) => Ok(Settled::Handled),
-                Err(error) if error.kind() == SinkErrorKind::Unavailable => {
-                    health.went_down(&error);
-                    Ok(Settled::Unavailable(error.to_string()))
-                }
-                Err(refused) => Err(refused.into()),
+        async move {
+            // Queued before the sink went down: back to pending untried.
+            let Some((sent, outcome)) = sent else {
+                return Forwarded::Unavailable("the sink is unavailable".to_owned());
+            };
+            if sent.is_err() {
+                return Forwarded::Failed("the forwarding batcher stopped".into());
             }
-        }))
+            match outcome.await {
+                Ok(Ok(())) => Forwarded::Confirmed,
+                Ok(Err(error)) if error.kind() == SinkErrorKind::Unavailable => {
+                    health.went_down(&error);
+                    Forwarded::Unavailable(error.to_string())
+                }
+                Ok(Err(refused)) => Forwarded::Failed(refused.into()),
+                // The publishing task died (a sink that panicked): counted, so it cannot repeat
+                // forever.
+                Err(_) => Forwarded::Failed("the broker's confirmation was lost".into()),
+            }
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,10 +12,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::ErrorChain;
-use crate::relay::config::Backoff;
+use crate::relay::config::RelayConfig;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures, OnPublish};
+use crate::store::{self, Failures};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -53,13 +54,11 @@ pub(crate) struct Acker {
     pub(crate) pool: PgPool,
     pub(crate) held: Held,
     pub(crate) metrics: RelayMetrics,
-    pub(crate) backoff: Backoff,
-    pub(crate) max_attempts: i32,
-    /// Whether a delivered row is marked published or deleted.
-    pub(crate) on_publish: OnPublish,
-    /// How long to keep retrying a failed acknowledgement: after that the leases have expired
-    /// and the rows are delivered again anyway.
-    pub(crate) lease_timeout: Duration,
+    /// The backoff and the most attempts of failures; whether a delivered row is marked
+    /// published or deleted; and the lease timeout, how long to keep retrying a failed
+    /// acknowledgement (after that the leases have expired and the rows are delivered again
+    /// anyway).
+    pub(crate) config: Arc<RelayConfig>,
 }
 
 impl Acker {
@@ -95,7 +94,7 @@ impl Acker {
             retry_at = Instant::now() + BUSY_RETRY;
         }
         // Shutting down: rows locked by someone else get until their leases run out.
-        let patience = Instant::now() + self.lease_timeout;
+        let patience = Instant::now() + self.config.lease_timeout;
         while !busy.is_empty() && Instant::now() < patience {
             tokio::time::sleep(BUSY_RETRY).await;
             busy = self.apply(busy).await;
@@ -127,7 +126,7 @@ impl Acker {
         self.held.settle(settled);
 
         let mut busy = HashSet::new();
-        let (pool, on_publish) = (&self.pool, self.on_publish);
+        let (pool, on_publish) = (&self.pool, self.config.on_publish);
         let written = self
             .write("publish", &delivered, |held| async move {
                 let (ids, tokens) = columns(&held);
@@ -140,7 +139,7 @@ impl Acker {
         }
         busy.extend(written.busy);
 
-        let (backoff, max_attempts) = (self.backoff, self.max_attempts);
+        let (backoff, max_attempts) = (self.config.backoff, self.config.max_attempts);
         let written = self
             .write("record failures", &failed, |held| async move {
                 let mut failures = Failures::default();
@@ -196,7 +195,7 @@ impl Acker {
             acks.iter().filter_map(|ack| Some((ack, self.held.token(ack.event_id)?))).collect();
         let (ids, tokens) = columns(&held);
         let write = || statement(held.clone());
-        let Some(done) = retrying(what, self.lease_timeout, write).await else {
+        let Some(done) = retrying(what, self.config.lease_timeout, write).await else {
             self.held.settle(ids); // the leases expire and the rows are delivered again
             return written;
         };
@@ -208,7 +207,7 @@ impl Acker {
             HashSet::new()
         } else {
             let check = || store::still_leased(&self.pool, &missing_ids, &missing_tokens);
-            retrying("check leases", self.lease_timeout, check)
+            retrying("check leases", self.config.lease_timeout, check)
                 .await
                 .unwrap_or_default()
                 .into_iter()

@@ -11,9 +11,10 @@ use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute, SinkHealth};
 use crate::relay::config::{Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents};
+use crate::relay::forwarding::Forwarding;
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
-use crate::relay::{Forwarding, Plan, Relay, Routes};
+use crate::relay::{Plan, Relay, Routes};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
@@ -381,8 +382,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(BuildError::InvalidSetting(error)),
         };
-        let max_attempts =
-            positive_i32(config.max_attempts, "max_attempts must be between 1 and i32::MAX")?;
+        positive_i32(config.max_attempts, "max_attempts must be between 1 and i32::MAX")?;
         let max_expired_leases = positive_i32(
             config.max_expired_leases,
             "max_expired_leases must be between 1 and i32::MAX",
@@ -481,7 +481,6 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                 .and(handled_types)
                 .map(|types| lease_plan(LeaseTypes::Only(types))),
             wakes_for,
-            max_attempts,
         };
         let metrics = RelayMetrics::new(forwarding.as_ref().map(|f| f.health.clone()));
         Ok(Relay {
@@ -492,7 +491,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             upcasters: Arc::new(upcasters),
             fallback,
             forwarding,
-            config,
+            config: Arc::new(config),
             plan,
             metrics,
         })

@@ -3,7 +3,6 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use sqlx::PgPool;
@@ -14,12 +13,13 @@ use crate::decode::JsonUpcasters;
 use crate::error::ErrorChain;
 use crate::otel;
 use crate::relay::acker::{Ack, Outcome};
+use crate::relay::config::RelayConfig;
 use crate::relay::context::RowMeta;
 use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::Pace;
-use crate::store::{LeasedEvent, OnPublish};
+use crate::store::LeasedEvent;
 
 /// Longest error text kept in `last_error`.
 const MAX_ERROR_LEN: usize = 4_096;
@@ -34,9 +34,9 @@ pub(crate) struct Delivery<S> {
     pub(crate) lease: HeldLease,
     /// The builder's pool, for transactional handlers.
     pub(crate) pool: PgPool,
-    /// How a transactional handler's acknowledgement treats the row.
-    pub(crate) on_publish: OnPublish,
-    pub(crate) handler_timeout: Option<Duration>,
+    /// For how a transactional handler's acknowledgement treats the row, and the handler's
+    /// timeout.
+    pub(crate) config: Arc<RelayConfig>,
     pub(crate) acks: UnboundedSender<Ack>,
     pub(crate) metrics: RelayMetrics,
     pub(crate) pace: Pace,
@@ -49,19 +49,8 @@ impl<S> Delivery<S> {
     }
 
     pub(crate) async fn run(self) {
-        let Delivery {
-            route,
-            upcasters,
-            state,
-            row,
-            mut lease,
-            pool,
-            on_publish,
-            handler_timeout,
-            acks,
-            metrics,
-            pace,
-        } = self;
+        let Delivery { route, upcasters, state, row, mut lease, pool, config, acks, metrics, pace } =
+            self;
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
         // If this task is cancelled (shutdown timeout), the guard hands the row back.
         let mut guard =
@@ -76,7 +65,8 @@ impl<S> Delivery<S> {
         let span = otel::delivery_span(&row, attempt);
         let (event_id, event_type) = (row.event_id, row.event_type.clone());
         let started = std::time::Instant::now();
-        let delivery_lease = DeliveryLease { pool, lease: lease.clone(), on_publish };
+        let delivery_lease =
+            DeliveryLease { pool, lease: lease.clone(), on_publish: config.on_publish };
         let handling = async {
             let Some(route) = route else {
                 return Err(Failure::from(format!(
@@ -105,7 +95,7 @@ impl<S> Delivery<S> {
                     }
                 })?;
             let handling = AssertUnwindSafe(handling).catch_unwind();
-            let finished = match handler_timeout {
+            let finished = match config.handler_timeout {
                 Some(limit) => tokio::time::timeout(limit, handling)
                     .await
                     .map_err(|_| format!("handler timed out after {limit:?}"))?,

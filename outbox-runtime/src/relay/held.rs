@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -28,7 +27,6 @@ pub(crate) struct Held(Arc<Shared>);
 #[derive(Debug)]
 struct Shared {
     leases: Mutex<HashMap<Uuid, Entry>>,
-    lease_timeout: Duration,
     /// Signalled whenever entries leave, so a relay holding its limit can lease again.
     settled: Notify,
     /// Lease statements under way whose rows are not recorded yet (see [`Held::leasing`]).
@@ -50,10 +48,9 @@ struct Entry {
 }
 
 impl Held {
-    pub(crate) fn new(lease_timeout: Duration) -> Self {
+    pub(crate) fn new() -> Self {
         Held(Arc::new(Shared {
             leases: Mutex::default(),
-            lease_timeout,
             settled: Notify::new(),
             leasing: AtomicUsize::new(0),
         }))
@@ -73,11 +70,15 @@ impl Held {
         self.0.leasing.load(SeqCst) > 0
     }
 
-    /// Records a lease whose statement was sent at `sent_at`. Returns the lease to deliver
-    /// under, or `None` if the row is already held here (its delivery or acknowledgement is
-    /// under way, and goes on under the new token).
-    pub(crate) fn lease(&self, event_id: Uuid, token: Uuid, sent_at: Instant) -> Option<HeldLease> {
-        let deadline = sent_at + self.0.lease_timeout;
+    /// Records a lease valid until `deadline` (its statement's send time plus the lease
+    /// timeout). Returns the lease to deliver under, or `None` if the row is already held here
+    /// (its delivery or acknowledgement is under way, and goes on under the new token).
+    pub(crate) fn lease(
+        &self,
+        event_id: Uuid,
+        token: Uuid,
+        deadline: Instant,
+    ) -> Option<HeldLease> {
         let mut leases = self.lock();
         if let Some(entry) = leases.get_mut(&event_id) {
             entry.token = token;
@@ -121,15 +122,14 @@ impl Held {
         self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip()
     }
 
-    /// The lease timeout every lease is taken for.
-    pub(crate) fn lease_timeout(&self) -> Duration {
-        self.0.lease_timeout
-    }
-
-    /// Moves the deadlines of the `renewed` rows, renewed under `tokens` by a statement sent at
-    /// `sent_at`, unless they were settled or leased again meanwhile.
-    pub(crate) fn renewed(&self, renewed: &[Uuid], tokens: &HashMap<Uuid, Uuid>, sent_at: Instant) {
-        let deadline = sent_at + self.0.lease_timeout;
+    /// Moves the deadlines of the `renewed` rows, renewed under `tokens`, to `deadline`, unless
+    /// they were settled or leased again meanwhile.
+    pub(crate) fn renewed(
+        &self,
+        renewed: &[Uuid],
+        tokens: &HashMap<Uuid, Uuid>,
+        deadline: Instant,
+    ) {
         let leases = self.lock();
         for id in renewed {
             match leases.get(id) {

@@ -24,6 +24,7 @@ mod connections;
 mod context;
 mod cursor;
 mod deliver;
+mod forwarding;
 mod handler;
 mod held;
 mod idle;
@@ -45,11 +46,12 @@ use tokio::time::Instant;
 
 use crate::decode::JsonUpcasters;
 use crate::error::{Error, ErrorChain};
-use crate::forward::{self, Sink, SinkHealth};
+use crate::forward;
 use crate::store::{LeasePlan, LeasedEvent};
 use acker::Acker;
 use config::RelayConfig;
 use connections::Connections;
+use forwarding::Forwarding;
 use held::Held;
 use work::Work;
 
@@ -57,7 +59,7 @@ pub use builder::{BuildError, RelayBuilder};
 pub use config::{Backoff, DeadOrderedEvents, NewerVersions, UnknownEvents};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
-pub(crate) use handler::{DeliveryLease, Payload, Route, RouteFuture, Settled};
+pub(crate) use handler::Route;
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
 pub use transactional::TransactionContext;
@@ -86,15 +88,10 @@ pub struct Relay<S = ()> {
     fallback: Option<Arc<dyn Route<S>>>,
     /// The sink the relay forwards to, if it forwards.
     forwarding: Option<Forwarding>,
-    config: RelayConfig,
+    /// Every setting, owned here; the tasks of a run share it.
+    config: Arc<RelayConfig>,
     plan: Plan,
     metrics: RelayMetrics,
-}
-
-/// The sink a forwarding relay publishes to: checked at start, probed while unavailable.
-struct Forwarding {
-    sink: Arc<dyn Sink>,
-    health: Arc<SinkHealth>,
 }
 
 /// What a relay decided once, when it was built, from its handlers and settings.
@@ -106,7 +103,6 @@ struct Plan {
     while_sink_down: Option<LeasePlan>,
     /// The event types a sleeping relay waits for; `None` for all.
     wakes_for: Option<Vec<String>>,
-    max_attempts: i32,
 }
 
 impl<S: Clone + Send + Sync + 'static> Relay<S> {
@@ -144,13 +140,14 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             checked = connections::check_sessions(&self.pool) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
+        let connections = Connections::open(&self.pool);
+        // On the relay's own connections: the application's pool may be busy, or exhausted.
         tokio::select! {
-            checked = crate::migrate::await_schema(&self.pool) => checked?,
+            checked = crate::migrate::await_schema(&connections.relay) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
-        let connections = Connections::open(&self.pool);
         let wake = Arc::new(Notify::new());
-        let held = Held::new(config.lease_timeout);
+        let held = Held::new();
         let (acks, acks_rx) = mpsc::unbounded_channel();
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
@@ -165,10 +162,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
                 pool: connections.relay.clone(),
                 held: held.clone(),
                 metrics: self.metrics.clone(),
-                backoff: config.backoff,
-                max_attempts: self.plan.max_attempts,
-                on_publish: config.on_publish,
-                lease_timeout: config.lease_timeout,
+                config: self.config.clone(),
             }
             .run(acks_rx),
         );
@@ -176,6 +170,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let renewals = AbortOnDrop::spawn(renewals::renew_periodically(
             held.clone(),
             connections.relay.clone(),
+            config.lease_timeout,
         ));
         let chores = self.chores(&connections.relay, &wake);
 

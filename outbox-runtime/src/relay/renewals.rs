@@ -5,6 +5,7 @@
 //! other has locked, so neither waits, and the acknowledgement that skipped is tried again.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -13,27 +14,27 @@ use crate::error::ErrorChain;
 use crate::relay::held::Held;
 use crate::store;
 
-/// Renews until cancelled.
-pub(crate) async fn renew_periodically(held: Held, pool: PgPool) {
-    let mut renewals = tokio::time::interval(held.lease_timeout() / 3);
+/// Renews leases of `lease_timeout` until cancelled.
+pub(crate) async fn renew_periodically(held: Held, pool: PgPool, lease_timeout: Duration) {
+    let mut renewals = tokio::time::interval(lease_timeout / 3);
     renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renewals.tick().await;
     loop {
         renewals.tick().await;
-        renew(&held, &pool).await;
+        renew(&held, &pool, lease_timeout).await;
     }
 }
 
 /// Renews every held lease, and moves the deadlines of those renewed. A lease the statement did
 /// not renew (taken over, or locked by someone else right now) keeps its deadline: its delivery
 /// is cancelled when that passes, and not before, since until then no other relay can have it.
-async fn renew(held: &Held, pool: &PgPool) {
+async fn renew(held: &Held, pool: &PgPool, lease_timeout: Duration) {
     let (ids, tokens) = held.tokens();
     if ids.is_empty() {
         return;
     }
     let sent_at = Instant::now();
-    match store::renew(pool, &ids, &tokens, held.lease_timeout()).await {
+    match store::renew(pool, &ids, &tokens, lease_timeout).await {
         Ok(renewed) => {
             tracing::debug!(
                 held = ids.len(),
@@ -42,7 +43,7 @@ async fn renew(held: &Held, pool: &PgPool) {
                 "outbox leases renewed"
             );
             let tokens: HashMap<_, _> = ids.into_iter().zip(tokens).collect();
-            held.renewed(&renewed, &tokens, sent_at);
+            held.renewed(&renewed, &tokens, sent_at + lease_timeout);
         }
         Err(error) => tracing::warn!(error = %ErrorChain(&error), "cannot renew outbox leases"),
     }

@@ -179,7 +179,8 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                 continue;
             }
             // A row already held is already being delivered or acknowledged here.
-            if let Some(lease) = self.held.lease(row.event_id, row.lease_token, sent_at) {
+            let deadline = sent_at + config.lease_timeout;
+            if let Some(lease) = self.held.lease(row.event_id, row.lease_token, deadline) {
                 let route = relay.route(&row);
                 self.queue.push_back(Delivery {
                     route,
@@ -188,8 +189,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                     row,
                     lease,
                     pool: relay.pool.clone(),
-                    on_publish: config.on_publish,
-                    handler_timeout: config.handler_timeout,
+                    config: relay.config.clone(),
                     acks: self.acks.clone(),
                     metrics: relay.metrics.clone(),
                     pace: self.pace.clone(),

@@ -187,17 +187,18 @@ impl Failures {
 pub(crate) async fn fail(
     pool: &PgPool,
     failures: &Failures,
-    max_attempts: i32,
+    max_attempts: u32,
 ) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
     fail_query(failures, max_attempts).fetch_all(pool).await
 }
 
-pub(super) fn fail_query(failures: &Failures, max_attempts: i32) -> Rows<'_, (Uuid, bool)> {
+pub(super) fn fail_query(failures: &Failures, max_attempts: u32) -> Rows<'_, (Uuid, bool)> {
     sqlx::query_as(FAIL)
         .bind(&failures.event_ids)
         .bind(&failures.tokens)
         .bind(sqlx::types::Json(&failures.errors))
-        .bind(max_attempts)
+        // `build()` keeps it within `i32`.
+        .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
 }
 
 /// Hands leased rows back without counting an attempt. Returns the ids done.

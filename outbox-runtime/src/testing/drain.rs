@@ -87,6 +87,9 @@ impl<S: Clone + Send + Sync + 'static> Drain<S> {
         let relay = self.builder.or_test_speeds(POLL_INTERVAL, BACKOFF).build()?;
         let metrics = relay.metrics();
         let pool = relay.pool().clone();
+        // What the relay refuses to start on (no schema, an outdated one) is the relay's error,
+        // before the drain's own readings could fail on it.
+        crate::check_schema(&pool).await.map_err(DrainError::Relay)?;
         let since = store::now(&pool).await.map_err(|error| DrainError::Database(error.into()))?;
         let watch =
             Watch { pool, relayed: Relayed::of(relay.lease_plan()), since, horizon: self.horizon };
