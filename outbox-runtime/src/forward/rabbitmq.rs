@@ -29,10 +29,13 @@
 //! - [`RabbitSink::new`] takes a connection it cannot reopen: once that connection closed,
 //!   the sink stays unavailable and rows stay pending until the relay is restarted on a new one.
 //!
-//! A message no queue takes, or one the broker refuses (`basic.nack`), is a failed attempt of its
-//! event; a broker that cannot be reached, a channel or connection closed before the
-//! confirmation came, are [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay
-//! pauses and sends the message again once the broker answers.
+//! A message no queue takes, one the broker refuses (`basic.nack`), or one it closes the channel
+//! over (`PRECONDITION_FAILED`, `CONTENT_TOO_LARGE`: a message over `max_message_size`; the
+//! others in flight on that channel are sent again alone, so only the one at fault fails) is a
+//! failed attempt of its event. A broker that cannot be reached, a connection lost, an exchange
+//! gone (`NOT_FOUND`) or access refused are
+//! [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay pauses, checks the
+//! exchange until it is back, and sends the message again.
 //!
 //! Do not combine `from_uri` with lapin's own `enable_auto_recover`: the sink already
 //! reconnects, and two mechanisms recovering one connection race each other.
@@ -44,10 +47,12 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, BoxFuture};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::uri::AMQPUri;
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
+    ExchangeKind,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -236,56 +241,110 @@ impl Sink for RabbitSink {
         batch: &'a [OutboundMessage],
     ) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
-            let channel = match self.channel().await {
-                Ok(channel) => channel,
-                Err(e) => {
-                    let reason = format!("exchange `{}`: {e}", self.exchange);
-                    return batch
-                        .iter()
-                        .map(|m| Err(SinkError::unavailable(&m.destination, &reason)))
-                        .collect();
+            let mut outcomes = self.send_on_one_channel(batch).await;
+            // A message the broker refuses by closing the channel (too large, say) fails every
+            // message in flight on that channel with the same error: each is sent again alone,
+            // so that only the one at fault is refused.
+            let suspects: Vec<usize> = (0..batch.len())
+                .filter(|&i| matches!(&outcomes[i], Err(Refusal::ChannelClosed(_))))
+                .collect();
+            if suspects.len() > 1 {
+                for i in suspects {
+                    let alone = self.send_on_one_channel(std::slice::from_ref(&batch[i])).await;
+                    outcomes[i] = alone.into_iter().next().unwrap_or(Ok(()));
                 }
-            };
-            // Send every message first, then await the confirmations together.
-            let mut sent = Vec::with_capacity(batch.len());
-            for message in batch {
-                let published = channel
-                    .basic_publish(
-                        self.exchange.as_str().into(),
-                        message.destination.as_str().into(),
-                        BasicPublishOptions { mandatory: true, ..Default::default() },
-                        &message.payload,
-                        properties(message),
-                    )
-                    .await;
-                sent.push(published);
             }
-            let confirms = sent.into_iter().zip(batch).map(|(sent, message)| async move {
-                let refused =
-                    |e: &dyn std::fmt::Display| SinkError::refused(&message.destination, e);
-                // Not sent, or sent and never confirmed (the channel or connection closed): the
-                // broker may have it, and it is sent again once the broker answers.
-                let unavailable =
-                    |e: lapin::Error| SinkError::unavailable(&message.destination, ErrorChain(&e));
-                let confirmation = sent.map_err(unavailable)?.await.map_err(unavailable)?;
-                match confirmation {
-                    Confirmation::Ack(None) => Ok(()),
-                    Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                        Err(refused(&format_args!(
-                            "unroutable: no queue bound to exchange `{}` takes this routing key \
-                             ({} {})",
-                            self.exchange, returned.reply_code, returned.reply_text,
-                        )))
-                    }
-                    Confirmation::Nack(None) => Err(refused(&"refused by the broker (nack)")),
-                    Confirmation::NotRequested => Err(SinkError::unavailable(
-                        &message.destination,
-                        "the channel is not in publisher-confirm mode",
-                    )),
-                }
-            });
-            join_all(confirms).await
+            outcomes
+                .into_iter()
+                .zip(batch)
+                .map(|(outcome, message)| outcome.map_err(|e| e.into_sink_error(message)))
+                .collect()
         })
+    }
+}
+
+/// Why the broker did not confirm a message.
+enum Refusal {
+    /// The channel closed with a refusal that can be this message's (a precondition, its size).
+    ChannelClosed(String),
+    /// Anything else, classified.
+    Other(SinkError),
+}
+
+impl Refusal {
+    fn into_sink_error(self, message: &OutboundMessage) -> SinkError {
+        match self {
+            Refusal::ChannelClosed(reason) => SinkError::refused(&message.destination, reason),
+            Refusal::Other(error) => error,
+        }
+    }
+}
+
+impl RabbitSink {
+    /// Publishes `batch` on the current channel, sending every message before awaiting the
+    /// confirmations together.
+    async fn send_on_one_channel(&self, batch: &[OutboundMessage]) -> Vec<Result<(), Refusal>> {
+        let channel = match self.channel().await {
+            Ok(channel) => channel,
+            Err(e) => {
+                let reason = format!("exchange `{}`: {e}", self.exchange);
+                let unavailable = |m: &OutboundMessage| {
+                    Err(Refusal::Other(SinkError::unavailable(&m.destination, &reason)))
+                };
+                return batch.iter().map(unavailable).collect();
+            }
+        };
+        let mut sent = Vec::with_capacity(batch.len());
+        for message in batch {
+            let published = channel
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    message.destination.as_str().into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    &message.payload,
+                    properties(message),
+                )
+                .await;
+            sent.push(published);
+        }
+        let confirms = sent.into_iter().zip(batch).map(|(sent, message)| async move {
+            let refused = |e: &dyn std::fmt::Display| {
+                Refusal::Other(SinkError::refused(&message.destination, e))
+            };
+            let not_confirmed = |e: lapin::Error| match e.kind() {
+                ErrorKind::ProtocolError(amqp)
+                    if matches!(
+                        amqp.kind(),
+                        AMQPErrorKind::Soft(
+                            AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::CONTENTTOOLARGE
+                        )
+                    ) =>
+                {
+                    Refusal::ChannelClosed(ErrorChain(&e).to_string())
+                }
+                // Not sent, or sent and never confirmed (the connection lost, the exchange gone,
+                // access refused): the broker may have it, and it is sent again once the broker
+                // answers and the sink's check passes.
+                _ => Refusal::Other(SinkError::unavailable(&message.destination, ErrorChain(&e))),
+            };
+            let confirmation = sent.map_err(not_confirmed)?.await.map_err(not_confirmed)?;
+            match confirmation {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Err(refused(&format_args!(
+                        "unroutable: no queue bound to exchange `{}` takes this routing key \
+                         ({} {})",
+                        self.exchange, returned.reply_code, returned.reply_text,
+                    )))
+                }
+                Confirmation::Nack(None) => Err(refused(&"refused by the broker (nack)")),
+                Confirmation::NotRequested => Err(Refusal::Other(SinkError::unavailable(
+                    &message.destination,
+                    "the channel is not in publisher-confirm mode",
+                ))),
+            }
+        });
+        join_all(confirms).await
     }
 }
 
