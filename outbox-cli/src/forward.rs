@@ -99,8 +99,11 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
     let url = args.to.as_str();
     let (scheme, _) = url.split_once("://").unwrap_or((url, ""));
     let at = endpoint(url);
+    // A TLS handshake with a server that does not speak it fails in the TLS library's words
+    // ("received corrupt message"), or not at all (Redis waits for the rest of a command).
+    let over = if matches!(scheme, "tls" | "amqps" | "rediss") { " over TLS" } else { "" };
     let unreachable = |error: &dyn std::fmt::Display| {
-        Failure::Forward(format!("cannot reach the broker at {at}: {error}"))
+        Failure::Forward(format!("cannot reach the broker at {at}{over}: {error}"))
     };
     let needs = |flag: &str| Failure::Forward(format!("forwarding to {scheme}:// needs {flag}"));
     match scheme {
@@ -124,6 +127,13 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
             // rediss:// is TLS or nothing, the server's certificate checked against the
             // system's roots (SSL_CERT_FILE or SSL_CERT_DIR to use others).
             let client = redis::Client::open(url).map_err(|e| unreachable(&e))?;
+            // One connection first: the manager retries a failed one until the timeout and
+            // then reports only the timeout, while this reports why (a certificate that does
+            // not verify, a refused password).
+            within_5s(client.get_multiplexed_async_connection())
+                .await
+                .map_err(|e| unreachable(&e))?
+                .map_err(|e| unreachable(&e))?;
             let connection = within_5s(redis::aio::ConnectionManager::new(client))
                 .await
                 .map_err(|e| unreachable(&e))?
