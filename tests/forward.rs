@@ -13,7 +13,7 @@ use support::forwarding::{
     assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
     forward_ordered_through_failures, forward_until_published, Away, TRACEPARENT,
 };
-use support::nats::{Stream, NATS};
+use support::nats::Stream;
 use support::*;
 use uuid::Uuid;
 
@@ -110,7 +110,7 @@ async fn a_subject_no_stream_covers_is_a_failure_naming_it_and_loses_nothing(poo
 #[sqlx::test(migrations = false)]
 async fn a_missing_stream_stops_the_relay_at_start(pool: PgPool) {
     migrated(&pool).await;
-    let client = async_nats::connect(NATS).await.unwrap();
+    let client = support::nats::connect().await;
     let sink = NatsSink::new(client, format!("MISSING_{}", Uuid::new_v4().simple()));
     let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
     let result =

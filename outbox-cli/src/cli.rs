@@ -76,9 +76,20 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
     /// The broker: nats://host:port (JetStream; needs --stream), amqp://user:password@host:port/vhost
-    /// (RabbitMQ; needs --exchange), or redis://host:port (Redis Streams)
+    /// (RabbitMQ; needs --exchange), or redis://host:port (Redis Streams). TLS with tls://,
+    /// amqps:// or rediss://: TLS or no connection, the broker's certificate checked against
+    /// the system's roots (SSL_CERT_FILE or SSL_CERT_DIR to trust others). NATS credentials:
+    /// nats://user:password@host:port, nats://token@host:port, --nats-creds or --nats-nkey
     #[arg(long, env = "OUTBOX_FORWARD_TO", value_name = "URL", hide_env_values = true)]
     pub to: String,
+
+    /// A NATS credentials file (a user JWT and its nkey seed, as `nsc` writes it)
+    #[arg(long, env = "OUTBOX_FORWARD_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<std::path::PathBuf>,
+
+    /// A NATS nkey seed (SU...) to sign the server's challenge with; better from the environment
+    #[arg(long, env = "OUTBOX_FORWARD_NATS_NKEY", value_name = "SEED", hide_env_values = true)]
+    pub nats_nkey: Option<String>,
 
     /// The JetStream stream the subjects go into (NATS)
     #[arg(long, env = "OUTBOX_FORWARD_STREAM", value_name = "NAME")]

@@ -1,5 +1,12 @@
 //! From a database URL to a pool, with errors that say what went wrong and never echo the URL
 //! (it may hold a password).
+//!
+//! TLS is sqlx's, over rustls, as the URL asks: `sslmode=disable | prefer` (the default: TLS if
+//! the server offers it, unverified) ` | require` (TLS or no connection, unverified) ` |
+//! verify-ca` (the certificate must chain to a trusted root) ` | verify-full` (and name the
+//! host); `sslrootcert=` a PEM file of roots added to the Mozilla roots; `sslcert=` and
+//! `sslkey=` a client certificate and its key. A mode that asks for TLS never falls back to
+//! plain text.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -8,6 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::error::Failure;
+use crate::percent;
 
 /// How long to wait for the database before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -21,7 +29,7 @@ pub async fn connect(url: Option<&str>) -> Result<PgPool, Failure> {
     let probe = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
         .await
         .map_err(|_| unreachable(&options, format!("no answer within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|error| unreachable(&options, error.to_string()))?;
+        .map_err(|error| unreachable(&options, reason(&error)))?;
     // Closing it politely is a courtesy to the server; a failure here changes nothing.
     let _ = probe.close().await;
     PgPoolOptions::new()
@@ -29,7 +37,39 @@ pub async fn connect(url: Option<&str>) -> Result<PgPool, Failure> {
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_with(options.clone())
         .await
-        .map_err(|error| unreachable(&options, error.to_string()))
+        .map_err(|error| unreachable(&options, reason(&error)))
+}
+
+/// Why a connection failed, with the whole chain of causes. A TLS failure says so first, and a
+/// certificate that did not verify says that: sqlx reports rustls's `invalid peer certificate:
+/// UnknownIssuer` as an I/O error "communicating with database".
+fn reason(error: &sqlx::Error) -> String {
+    let mut text = error.to_string();
+    let mut last = text.clone();
+    let mut tls = matches!(error, sqlx::Error::Tls(_)).then_some(false);
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        // sqlx ends some messages with their source's: each text is printed once.
+        let cause_text = cause.to_string();
+        if !last.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        // An io::Error's `source` is its inner error's source, not the inner error.
+        let inner = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
+        let rustls = inner.and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if let Some(rustls) = rustls.or_else(|| cause.downcast_ref::<rustls::Error>()) {
+            tls = Some(matches!(rustls, rustls::Error::InvalidCertificate(_)));
+        }
+        last = cause_text;
+        source = cause.source();
+    }
+    match tls {
+        Some(true) => {
+            format!("TLS failed: the server's certificate could not be verified ({text})")
+        }
+        Some(false) => format!("TLS failed ({text})"),
+        None => text,
+    }
 }
 
 /// Parses a `postgres://` URL. Errors name the expected form and never the password.
@@ -52,8 +92,33 @@ fn parse(url: &str) -> Result<PgConnectOptions, Failure> {
         let reason = error.to_string();
         return Err(malformed(reason.trim_start_matches("error with configuration: ")));
     }
-    PgConnectOptions::from_str(url)
-        .map_err(|_| malformed("the password is not valid percent-encoded UTF-8"))
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|_| malformed("the password is not valid percent-encoded UTF-8"))?;
+    readable_tls_files(rest)?;
+    Ok(options)
+}
+
+/// The files `sslrootcert`, `sslcert` and `sslkey` name must be readable: sqlx reads them only
+/// when it upgrades the connection, and reports a missing one as an I/O error "communicating
+/// with database". A file path is no secret, so it is named.
+fn readable_tls_files(rest: &str) -> Result<(), Failure> {
+    let query = rest.split_once('?').map_or("", |(_, query)| query);
+    let query = query.split('#').next().unwrap_or("");
+    for pair in query.split('&') {
+        let Some((key, value)) = pair.split_once('=') else { continue };
+        if !matches!(key, "sslrootcert" | "sslcert" | "sslkey") {
+            continue;
+        }
+        let path = percent::decoded(value, true);
+        if let Err(error) = std::fs::File::open(&path) {
+            return Err(Failure::TlsFile {
+                parameter: key.to_owned(),
+                path,
+                reason: error.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn unreachable(options: &PgConnectOptions, reason: String) -> Failure {
@@ -81,6 +146,14 @@ mod tests {
             assert!(message.contains("malformed database URL"), "{url}: {message}");
             assert!(!message.contains("hunter2"), "{url}: {message}");
         }
+    }
+
+    #[test]
+    fn names_a_tls_file_it_cannot_read() {
+        let url = "postgres://u:hunter2@h/db?sslmode=verify-full&sslrootcert=%2Fno%2Fsuch%20ca.pem";
+        let message = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.starts_with("cannot read sslrootcert file /no/such ca.pem: "), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
     }
 
     #[test]

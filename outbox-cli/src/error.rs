@@ -18,6 +18,15 @@ pub enum Failure {
         /// What is wrong with it.
         reason: String,
     },
+    /// A TLS file the database URL names (`sslrootcert`, `sslcert`, `sslkey`) cannot be read.
+    TlsFile {
+        /// Which parameter named it.
+        parameter: String,
+        /// The file.
+        path: String,
+        /// Why it cannot be read.
+        reason: String,
+    },
     /// The database did not accept a connection.
     Unreachable {
         /// `host:port` or the socket path.
@@ -64,6 +73,9 @@ impl fmt::Display for Failure {
             ),
             Failure::MalformedUrl { reason } => {
                 write!(f, "malformed database URL ({reason}); expected form: {URL_FORM}")
+            }
+            Failure::TlsFile { parameter, path, reason } => {
+                write!(f, "cannot read {parameter} file {path}: {reason}")
             }
             Failure::Unreachable { target, reason } => {
                 write!(f, "could not connect to the database at {target}: {reason}")

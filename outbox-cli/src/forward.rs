@@ -12,6 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::ForwardArgs;
 use crate::error::Failure;
+use crate::percent;
 
 /// Runs until SIGINT or SIGTERM, then stops gracefully and returns what it did.
 pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failure> {
@@ -98,27 +99,41 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
     let url = args.to.as_str();
     let (scheme, _) = url.split_once("://").unwrap_or((url, ""));
     let at = endpoint(url);
+    // A TLS handshake with a server that does not speak it fails in the TLS library's words
+    // ("received corrupt message"), or not at all (Redis waits for the rest of a command).
+    let over = if matches!(scheme, "tls" | "amqps" | "rediss") { " over TLS" } else { "" };
     let unreachable = |error: &dyn std::fmt::Display| {
-        Failure::Forward(format!("cannot reach the broker at {at}: {error}"))
+        Failure::Forward(format!("cannot reach the broker at {at}{over}: {error}"))
     };
     let needs = |flag: &str| Failure::Forward(format!("forwarding to {scheme}:// needs {flag}"));
     match scheme {
-        "nats" => {
+        "nats" | "tls" => {
             let stream = args.stream.clone().ok_or_else(|| needs("--stream"))?;
-            let client = within_5s(async_nats::connect(at.as_str()))
+            let options = nats_options(url, args).await?.require_tls(scheme == "tls");
+            let client = within_5s(options.connect(at.as_str()))
                 .await
                 .map_err(|e| unreachable(&e))?
                 .map_err(|e| unreachable(&e))?;
             Ok(Forward::to(NatsSink::new(client, stream)))
         }
         "amqp" | "amqps" => {
-            // Connects when the relay starts, and again whenever the connection drops.
+            // Connects when the relay starts, and again whenever the connection drops; amqps://
+            // is TLS or nothing, the certificate checked against the system's roots.
             let exchange = args.exchange.clone().ok_or_else(|| needs("--exchange"))?;
             let properties = lapin::ConnectionProperties::default();
             Ok(Forward::to(RabbitSink::from_uri(url, properties, exchange)))
         }
         "redis" | "rediss" => {
+            // rediss:// is TLS or nothing, the server's certificate checked against the
+            // system's roots (SSL_CERT_FILE or SSL_CERT_DIR to use others).
             let client = redis::Client::open(url).map_err(|e| unreachable(&e))?;
+            // One connection first: the manager retries a failed one until the timeout and
+            // then reports only the timeout, while this reports why (a certificate that does
+            // not verify, a refused password).
+            within_5s(client.get_multiplexed_async_connection())
+                .await
+                .map_err(|e| unreachable(&e))?
+                .map_err(|e| unreachable(&e))?;
             let connection = within_5s(redis::aio::ConnectionManager::new(client))
                 .await
                 .map_err(|e| unreachable(&e))?
@@ -126,9 +141,47 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
             Ok(Forward::to(RedisSink::new(connection)))
         }
         _ => Err(Failure::Forward(format!(
-            "cannot forward to `{scheme}://`: expected nats://, amqp:// or redis://"
+            "cannot forward to `{scheme}://`: expected nats:// or tls:// (NATS), amqp:// or \
+             amqps:// (RabbitMQ), redis:// or rediss:// (Redis)"
         ))),
     }
+}
+
+/// How to authenticate to NATS: the URL's `user:password@` or `token@`, or `--nats-creds`, or
+/// `--nats-nkey` (async-nats itself ignores credentials in a URL).
+async fn nats_options(
+    url: &str,
+    args: &ForwardArgs,
+) -> Result<async_nats::ConnectOptions, Failure> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let userinfo = authority.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    let given = [userinfo.is_some(), args.nats_creds.is_some(), args.nats_nkey.is_some()];
+    if given.iter().filter(|&&given| given).count() > 1 {
+        return Err(Failure::Forward(
+            "NATS takes one way to authenticate: credentials in the URL, --nats-creds or \
+             --nats-nkey"
+                .to_owned(),
+        ));
+    }
+    if let Some(path) = &args.nats_creds {
+        return async_nats::ConnectOptions::with_credentials_file(path).await.map_err(|error| {
+            Failure::Forward(format!("cannot read --nats-creds {}: {error}", path.display()))
+        });
+    }
+    if let Some(seed) = &args.nats_nkey {
+        return Ok(async_nats::ConnectOptions::with_nkey(seed.clone()));
+    }
+    Ok(match userinfo.map(|userinfo| userinfo.split_once(':')) {
+        None => async_nats::ConnectOptions::new(),
+        Some(Some((user, password))) => async_nats::ConnectOptions::with_user_and_password(
+            percent::decoded(user, false),
+            percent::decoded(password, false),
+        ),
+        Some(None) => {
+            async_nats::ConnectOptions::with_token(percent::decoded(userinfo.unwrap_or(""), false))
+        }
+    })
 }
 
 /// `host:port` of a broker URL, without scheme, credentials or path.

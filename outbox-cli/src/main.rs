@@ -30,6 +30,7 @@ mod connect;
 mod error;
 mod forward;
 mod output;
+mod percent;
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -42,6 +43,9 @@ use crate::error::Failure;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The TLS clients (sqlx's, lapin's, redis's, async-nats's) all run on rustls with ring; the
+    // ones that ask rustls for the process's provider find it here.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match run(&cli).await {
         Ok(text) => {
             // A closed stdout (`outbox dead list | head`) is not worth a panic.

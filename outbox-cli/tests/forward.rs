@@ -21,6 +21,8 @@ mod rabbitmq;
 mod redis_streams;
 use db::*;
 use nats::Stream;
+/// `Certs`: a CA and a server certificate, made with `openssl`.
+mod certs;
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", event_type = "order.placed")]
@@ -220,4 +222,105 @@ async fn forward_appends_to_redis_streams(pool: PgPool) {
     let mut ids = ids;
     ids.sort();
     assert_eq!(received, ids, "every event once, with its id field");
+}
+
+/// A redis-server of the test's own that speaks TLS only, on a free port, with a certificate
+/// of `certs`; killed when dropped.
+struct TlsRedis {
+    port: u16,
+    process: Child,
+}
+
+impl TlsRedis {
+    async fn start(certs: &certs::Certs) -> TlsRedis {
+        let port = free_address().rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        let process = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--tls-cert-file", &path(certs.server_cert())])
+            .args(["--tls-key-file", &path(certs.server_key())])
+            .args(["--tls-ca-cert-file", &path(certs.ca()), "--tls-auth-clients", "no"])
+            .args(["--save", "", "--appendonly", "no", "--dir", &path(certs.dir().to_owned())])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (scripts/services-up installs it)");
+        let redis = TlsRedis { port, process };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the TLS redis-server does not listen on port {port} after 10 s");
+    }
+
+    /// How many entries the stream `key` has, read over TLS trusting `ca`.
+    async fn xlen(&self, ca: &std::path::Path, key: &str) -> i64 {
+        let certificates = ::redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(ca).unwrap()),
+        };
+        let url = format!("rediss://127.0.0.1:{}/", self.port);
+        let client = ::redis::Client::build_with_tls(url, certificates).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        ::redis::cmd("XLEN").arg(key).query_async(&mut connection).await.unwrap()
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPool) {
+    // The test process reads the stream over TLS too.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    migrated(&pool).await;
+    let certs = certs::Certs::generate();
+    let redis = TlsRedis::start(&certs).await;
+    let url = format!("rediss://127.0.0.1:{}/", redis.port);
+    let key = format!("outbox-tls-{}", Uuid::new_v4().simple());
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+
+    // The test's CA is not among the system's roots: refused, and nothing sent in the clear.
+    let output = forward(&pool, &[("OUTBOX_FORWARD_TO", &url), ("OUTBOX_FORWARD_SUBJECT", &key)])
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let at = format!("cannot reach the broker at 127.0.0.1:{} over TLS: ", redis.port);
+    assert!(stderr.contains(&at), "{stderr}");
+    assert!(stderr.contains("invalid peer certificate: UnknownIssuer"), "{stderr}");
+    assert_eq!(published(&pool).await, 0);
+
+    // Trusted through SSL_CERT_FILE, as any system root would be.
+    let ca = certs.ca().display().to_string();
+    let env = [("OUTBOX_FORWARD_TO", url.as_str()), ("OUTBOX_FORWARD_SUBJECT", &key)];
+    let summary = forward_all(&pool, &[&env[..], &[("SSL_CERT_FILE", &ca)]].concat(), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    assert_eq!(redis.xlen(&certs.ca(), &key).await, 3);
+}
+
+#[sqlx::test(migrations = false)]
+async fn forward_over_amqps_to_a_plain_port_fails_and_never_goes_plain(pool: PgPool) {
+    migrated(&pool).await;
+    emit_committed(&pool, &[OrderPlaced { order_id: 1 }]).await;
+    let output = forward(
+        &pool,
+        &[
+            ("OUTBOX_FORWARD_TO", "amqps://guest:a-secret@127.0.0.1:5672/%2f"),
+            ("OUTBOX_FORWARD_EXCHANGE", "amq.topic"),
+        ],
+    )
+    .wait_with_output()
+    .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("exchange `amq.topic`: cannot connect to the broker"), "{stderr}");
+    assert!(!stderr.contains("a-secret"), "the password is never printed: {stderr}");
+    assert_eq!(published(&pool).await, 0);
 }

@@ -4,6 +4,11 @@
 //! [`Relay`] delivers committed events to typed handlers, at least once, retrying with backoff
 //! and keeping the ones that exhaust their attempts as [`dead_letters`].
 //!
+//! The crate enables no TLS: it connects through the pool you give it, so your application's
+//! sqlx features decide (`tls-rustls` or `tls-native-tls` for `sslmode=require` and up). The
+//! forwarding sinks' broker clients (async-nats, lapin, redis) likewise speak TLS with the
+//! features your application enables on them.
+//!
 //! # The reference design
 //!
 //! The table `outbox.events` keeps every column of the common outbox design this crate started

@@ -7,8 +7,15 @@ use async_nats::jetstream::{self, stream};
 use outbox_runtime::forward::nats::NatsSink;
 use uuid::Uuid;
 
-/// Where NATS runs on every developer and CI machine.
+/// Where NATS runs on every developer and CI machine (`scripts/services-up` starts it).
 pub const NATS: &str = "127.0.0.1:4222";
+
+/// A client of the real server; panics saying how to start it if it does not answer.
+pub async fn connect() -> async_nats::Client {
+    async_nats::connect(NATS)
+        .await
+        .unwrap_or_else(|e| panic!("NATS does not answer on {NATS}: {e}; run scripts/services-up"))
+}
 
 /// A stream named after the test, on subjects under a prefix of its own; deleted when dropped.
 pub struct Stream {
@@ -20,8 +27,7 @@ pub struct Stream {
 
 impl Stream {
     pub async fn create(duplicate_window: Duration) -> Self {
-        let client = async_nats::connect(NATS).await.expect("NATS runs on 127.0.0.1:4222");
-        let jetstream = jetstream::new(client);
+        let jetstream = jetstream::new(connect().await);
         let id = Uuid::new_v4().simple().to_string();
         let (name, prefix) = (format!("OUTBOX_{id}"), format!("t{id}"));
         jetstream

@@ -1,7 +1,7 @@
 //! A PgBouncer of the test's own, in front of the PostgreSQL behind a test pool, and a router
 //! that sends one named kind of connection through it and every other one straight through.
 //!
-//! PgBouncer is installed with apt-get the first time a test needs it (Debian's is 1.18). Each
+//! PgBouncer is installed by `scripts/services-up` (Debian's is 1.18). Each
 //! instance listens on a free port of its own, with its configuration in a temporary directory
 //! of its own, and forwards any database name (`* =`), so the per-test databases of
 //! `#[sqlx::test]` need no entry. Dropping it kills the process, which closes its server
@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -63,7 +63,7 @@ impl PgBouncer {
 
     /// [`PgBouncer::start`] with at most `servers` server connections per database and user.
     pub async fn start_with(pool: &PgPool, mode: PoolMode, servers: usize) -> PgBouncer {
-        install();
+        require_installed();
         let options = pool.connect_options();
         let dir = std::env::temp_dir().join(format!("outbox-pgbouncer-{}", Uuid::new_v4()));
         // Readable by the user PgBouncer runs as (see `command`).
@@ -185,34 +185,12 @@ fn binary() -> Option<PathBuf> {
     sbin.exists().then_some(sbin)
 }
 
-/// Installs PgBouncer with apt-get if it is missing, once per test binary (and so, in effect,
-/// once per machine).
-fn install() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        if binary().is_some() {
-            return;
-        }
-        let apt = |args: &[&str]| {
-            Command::new("apt-get")
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(Stdio::null())
-                .output()
-                .expect("apt-get runs")
-        };
-        let mut installed = apt(&["install", "-y", "-qq", "pgbouncer"]);
-        if !installed.status.success() {
-            // Stale package lists.
-            apt(&["update", "-qq"]);
-            installed = apt(&["install", "-y", "-qq", "pgbouncer"]);
-        }
-        assert!(
-            installed.status.success() && binary().is_some(),
-            "cannot install pgbouncer with apt-get: {}",
-            String::from_utf8_lossy(&installed.stderr)
-        );
-    });
+/// Panics saying how to install PgBouncer if it is missing: `scripts/services-up` installs it
+/// (tests install nothing themselves).
+fn require_installed() {
+    if binary().is_none() {
+        panic!("pgbouncer is not installed; run scripts/services-up");
+    }
 }
 
 fn free_port() -> u16 {

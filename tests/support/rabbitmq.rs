@@ -12,13 +12,15 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_runtime::forward::rabbitmq::RabbitSink;
 use uuid::Uuid;
 
-/// Where RabbitMQ runs on every developer and CI machine (vhost `/`).
+/// Where RabbitMQ runs on every developer and CI machine (vhost `/`; `scripts/services-up`
+/// starts it).
 pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// A connection to the real broker; panics saying how to start it if it does not answer.
 pub async fn connect() -> Connection {
-    Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .expect("RabbitMQ runs on 127.0.0.1:5672")
+    Connection::connect(AMQP, ConnectionProperties::default()).await.unwrap_or_else(|e| {
+        panic!("RabbitMQ does not answer on 127.0.0.1:5672: {e}; run scripts/services-up")
+    })
 }
 
 /// A message as a consumer of the queue reads it.

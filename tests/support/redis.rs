@@ -5,12 +5,15 @@ use ::redis::Client;
 use outbox_runtime::forward::redis::RedisSink;
 use uuid::Uuid;
 
-/// Where Redis runs on every developer and CI machine.
+/// Where Redis runs on every developer and CI machine (`scripts/services-up` starts it).
 pub const REDIS: &str = "redis://127.0.0.1:6379/";
 
+/// A connection to the real server; panics saying how to start it if it does not answer.
 pub async fn connect() -> ConnectionManager {
     let client = Client::open(REDIS).unwrap();
-    ConnectionManager::new(client).await.expect("Redis runs on 127.0.0.1:6379")
+    ConnectionManager::new(client).await.unwrap_or_else(|e| {
+        panic!("Redis does not answer on 127.0.0.1:6379: {e}; run scripts/services-up")
+    })
 }
 
 /// One stream entry: its id and its fields in order.
