@@ -21,8 +21,14 @@ impl Database {
             .await
             .unwrap();
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
-        let base = admin_url.rsplit_once('/').map_or(admin_url, |(base, _)| base);
-        let url = format!("{base}/{name}");
+        // The same server and parameters (`?sslmode=...`), another database.
+        let (path, query) = admin_url.split_once('?').map_or((admin_url, ""), |(p, q)| (p, q));
+        let base = path.rsplit_once('/').map_or(path, |(base, _)| base);
+        let url = if query.is_empty() {
+            format!("{base}/{name}")
+        } else {
+            format!("{base}/{name}?{query}")
+        };
         let pool = PgPoolOptions::new().max_connections(16).connect(&url).await.unwrap();
         outbox_runtime::migrate(&pool).await.unwrap();
         Database { pool, url, admin_url: admin_url.to_owned(), name }
