@@ -314,6 +314,8 @@ async fn an_exhausted_pool_at_begin_costs_a_transactional_handler_no_attempt(poo
     assert_eq!(projection(&pool).await, [(id, 1)], "written once, on the first attempt");
     assert_eq!((counts.delivered, counts.failed, counts.dead), (1, 0, 0));
     assert_eq!(row_state(&pool, id).await.attempts, 0);
+    // Before the test's database is dropped.
+    app.close().await;
 }
 
 #[sqlx::test(migrations = false)]
