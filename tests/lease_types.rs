@@ -179,7 +179,7 @@ async fn however_small_the_lease_the_type_waiting_longest_goes_first(pool: PgPoo
 #[sqlx::test(migrations = false)]
 async fn two_relays_leasing_at_once_take_disjoint_rows_and_both_are_full(pool: PgPool) {
     migrated(&pool).await;
-    backlog(&pool, 50, 100, "1 minute").await;
+    backlog(&pool, 50, 40, "1 minute").await;
     let types: Vec<String> = (0..50).map(type_name).collect();
 
     // The first relay's lease holds its locks (its statement has not committed) while the
@@ -193,6 +193,7 @@ async fn two_relays_leasing_at_once_take_disjoint_rows_and_both_are_full(pool: P
     let first_seqs: HashSet<i64> = first.iter().map(|row| row.seq).collect();
     assert!(second.iter().all(|row| !first_seqs.contains(&row.seq)), "disjoint");
     assert_eq!(per_type(&second).len(), 50, "the second takes from every type too");
+    assert!(lease(&pool, &types, None, 1_000).await.is_empty(), "the backlog is all leased");
 }
 
 #[sqlx::test(migrations = false)]
@@ -217,4 +218,38 @@ async fn a_lease_past_the_positions_takes_only_rows_past_them_in_every_type(pool
         assert!(row.position > last[&row.event_type], "{row:?} is behind its type's position");
     }
     assert_eq!(per_type(&next).len(), 50);
+}
+
+#[sqlx::test(migrations = false)]
+async fn when_the_oldest_type_runs_out_the_others_fill_the_lease(pool: PgPool) {
+    migrated(&pool).await;
+    // t00 waited longest but has 5 rows; t01 has a backlog a little younger.
+    for (name, rows, waited) in [(type_name(0), 5, "1 minute"), (type_name(1), 1_000, "30 seconds")]
+    {
+        sqlx::query(
+            "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, \
+                                        payload, available_at) \
+             SELECT gen_random_uuid(), 'account', i::text, $1, '{}', now() - $3::interval \
+             FROM generate_series(1, $2) AS i",
+        )
+        .bind(name)
+        .bind(rows)
+        .bind(waited)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let types = [type_name(0), type_name(1)];
+
+    let leased = lease(&pool, &types, None, 100).await;
+    let counts = per_type(&leased);
+    assert_eq!(leased.len(), 100, "full: {counts:?}");
+    assert_eq!(counts[&type_name(0)], 5, "{counts:?}");
+    let seqs: HashSet<i64> = leased.iter().map(|row| row.seq).collect();
+    assert_eq!(seqs.len(), 100, "no row twice");
+    // t01's are its oldest 95, in one run: the second lap went on past the first's last row.
+    let mut t01: Vec<i64> =
+        leased.iter().filter(|row| row.event_type == type_name(1)).map(|row| row.seq).collect();
+    t01.sort();
+    assert_eq!(t01, (6..=100).collect::<Vec<i64>>());
 }

@@ -188,19 +188,17 @@ macro_rules! leasable {
 /// Selects and locks up to `$1` available rows of the types in `types` (a relation of
 /// `aggregate_type, event_type, newest_version, from_at, from_seq`) up to their newest version,
 /// past `(from_at, from_seq)` (from the head where NULL), the oldest of each type first: short
-/// scans of the `events_pending_by_type` index, one or two per type, so rows of other types cost
-/// nothing however many pile up.
+/// scans of the `events_pending_by_type` index, two or three per type, so rows of other types
+/// cost nothing however many pile up.
 ///
-/// Only the rows it returns are locked. Each type gets a share of `$1` in proportion to how long
-/// its oldest available row (its head) has waited, and every type's scan locks no more than its
-/// share. A first version locked up to `$1` rows of every type (`LIMIT $1 FOR UPDATE SKIP
-/// LOCKED` inside the join) and kept the oldest `$1` of them: a lease of 1,000 over 50 types
-/// with a backlog locked 50,000 rows, each lock a tuple header write and a WAL record (51,000
-/// lock records and 2.8 MB of WAL, against 2,000 and 108 kB for the same 1,000 rows now), and
-/// other relays skipped the 49,000 rows nobody leased. Four relays drained such a backlog at a
-/// fifth of the rate of the same backlog in one type (BENCHMARKS.md, `types`).
-///
-/// In three steps:
+/// Only the rows it returns are locked. A first version locked up to `$1` rows of every type
+/// (`LIMIT $1 FOR UPDATE SKIP LOCKED` inside the join) and kept the oldest `$1` of them: a lease
+/// of 1,000 over 50 types with a backlog locked 50,000 rows, each lock a tuple header write and
+/// a WAL record (51,000 lock records and 2.8 MB of WAL, against 2,000 and 108 kB for the same
+/// 1,000 rows now), and other relays skipped the 49,000 rows nobody leased: such a backlog
+/// drained at a quarter of the rate of the same backlog in one type (BENCHMARKS.md, `types`).
+/// Now each type gets a share of `$1` in proportion to how long its oldest available row (its
+/// head) has waited, and locks no more than that:
 /// - `heads`: each type's head, read without locking it (an index probe, `LIMIT 1`), and its
 ///   part: how long it has waited over the total of its own wait and those of the older heads,
 ///   the types still to come when its turn comes (1 for the oldest). Types without an
@@ -208,21 +206,29 @@ macro_rules! leasable {
 /// - `turns`: the types with a head, youngest head first, as arrays the next step indexes;
 ///   `MATERIALIZED`, or the planner inlines it into the recursive step, which then probes every
 ///   head again at each turn (2,550 probes for 50 types: `tests/plans.rs` caught it).
-/// - `taken`: type by type, locks up to `floor(remaining * part)` rows of the type from its head
-///   (the scan starts there, not at the position: it steps over nothing the probe stepped
-///   over) with `SKIP LOCKED` (rows another relay is leasing are left to it), and passes what it
-///   did not take on. The oldest head comes last and gets everything left (its part is 1): so what
-///   a young type, with only a few rows, leaves of its share goes to the older ones, which are
-///   the ones with a backlog; the lease comes back full when there is a backlog anywhere; and
-///   the type waiting longest always gets a row, however small `$1` (what is left when it comes
-///   is at least its share of `$1`, and at least one). A type leased less than its rows keeps
-///   its head and grows older until its share catches up, so none starves.
+/// - `taken`, a first lap: type by type, youngest head first, locks up to
+///   `floor(remaining * part)` rows of the type from its head (the scan starts there, not at
+///   the position, so it steps over nothing the probe stepped over) with `SKIP LOCKED` (rows
+///   another relay is leasing are left to it), and passes what it did not take on. The oldest
+///   head comes last and gets everything left (its part is 1): so what a young type with a few
+///   rows leaves of its share goes to the older ones, those with a backlog; and the type waiting
+///   longest always gets a row, however small `$1` (what is left when it comes is at least its
+///   share of `$1`, so at least one).
+/// - `taken`, a second lap, only while rows are left to take (the oldest type ran out, or other
+///   relays hold its rows): oldest head first, each type that filled its share takes what is
+///   left, past the last row it took. So a lease comes back short only when no type has more to
+///   lease, which is what the relay's cursor and lease sizing read a short lease as (`pace.rs`,
+///   `cursor.rs`). A type that gave out in the first lap (took less than its share) is skipped.
 ///
 /// Shares by waiting time keep the delivery close to oldest first across types without reading
-/// more than each type's head: a type that falls behind gets more of the next lease. `waited`
-/// gets a millisecond more than it waited, so heads that became available at this very instant
-/// still share. A head that landed long ago (an event scheduled in the past) makes its type take
-/// most of one lease, as oldest-first would.
+/// more than each type's head: a type that falls behind gets more of the next lease, and one
+/// leased less than its rows keeps its head and grows older until its share catches up, so none
+/// starves; a young type gets a row once its head has waited about the oldest head's wait over
+/// `$1`. `waited` gets a millisecond more than it waited, so heads that became available at this
+/// very instant still share. A head that landed long ago (an event scheduled in the past) makes
+/// its type take most of one lease, as oldest-first would. Each type's rows come oldest first,
+/// and rows of one ordered aggregate never two at a time: `first_in_aggregate!` sees the rows
+/// this statement already locked as undelivered.
 macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
@@ -251,32 +257,54 @@ macro_rules! oldest_per_type {
                         array_agg(seq ORDER BY available_at DESC, seq DESC) AS head_seqs, \
                         array_agg(part ORDER BY available_at DESC, seq DESC) AS parts \
                  FROM heads \
-             ), taken(turn, remaining, ctids, ats, seqs) AS ( \
-                 SELECT 0, $1::bigint, NULL::tid[], NULL::timestamptz[], NULL::int8[] \
+             ), taken(turn, remaining, ctids, ats, seqs, after_ats, after_seqs) AS ( \
+                 SELECT 0, $1::bigint, NULL::tid[], NULL::timestamptz[], NULL::int8[], \
+                        '{}'::timestamptz[], '{}'::int8[] \
                  UNION ALL \
-                 SELECT t.turn + 1, t.remaining - coalesce(cardinality(l.ctids), 0), \
-                        l.ctids, l.ats, l.seqs \
+                 SELECT t.turn + 1, t.remaining - l.taken, l.ctids, l.ats, l.seqs, \
+                        CASE WHEN n.first_lap THEN t.after_ats || \
+                             CASE WHEN l.taken < h.take THEN NULL \
+                                  ELSE coalesce(l.last_at, h.from_at) END \
+                             ELSE t.after_ats END, \
+                        CASE WHEN n.first_lap THEN t.after_seqs || \
+                             CASE WHEN l.taken < h.take THEN NULL \
+                                  ELSE coalesce(l.last_seq, h.from_seq) END \
+                             ELSE t.after_seqs END \
                  FROM taken t CROSS JOIN turns o \
                  CROSS JOIN LATERAL ( \
-                     SELECT o.aggregate_types[t.turn + 1] AS aggregate_type, \
-                            o.event_types[t.turn + 1] AS event_type, \
-                            o.versions[t.turn + 1] AS newest_version, \
-                            o.head_ats[t.turn + 1] AS head_at, o.head_seqs[t.turn + 1] AS head_seq, \
-                            o.parts[t.turn + 1] AS part \
+                     SELECT t.turn < cardinality(o.parts) AS first_lap, \
+                            CASE WHEN t.turn < cardinality(o.parts) THEN t.turn + 1 \
+                                 ELSE 2 * cardinality(o.parts) - t.turn END AS k \
+                 ) n \
+                 CROSS JOIN LATERAL ( \
+                     SELECT o.aggregate_types[n.k] AS aggregate_type, \
+                            o.event_types[n.k] AS event_type, \
+                            o.versions[n.k] AS newest_version, \
+                            CASE WHEN n.first_lap THEN o.head_ats[n.k] \
+                                 ELSE t.after_ats[n.k] END AS from_at, \
+                            CASE WHEN n.first_lap THEN o.head_seqs[n.k] - 1 \
+                                 ELSE t.after_seqs[n.k] END AS from_seq, \
+                            CASE WHEN n.first_lap THEN floor(t.remaining * o.parts[n.k])::bigint \
+                                 WHEN t.after_seqs[n.k] IS NULL THEN 0 \
+                                 ELSE t.remaining END AS take \
                  ) h \
                  CROSS JOIN LATERAL ( \
-                     SELECT array_agg(c.ctid) AS ctids, array_agg(c.available_at) AS ats, \
-                            array_agg(c.seq) AS seqs \
+                     SELECT count(*) AS taken, array_agg(c.ctid) AS ctids, \
+                            array_agg(c.available_at) AS ats, array_agg(c.seq) AS seqs, \
+                            (array_agg(c.available_at ORDER BY c.available_at DESC, c.seq DESC))[1] \
+                                AS last_at, \
+                            (array_agg(c.seq ORDER BY c.available_at DESC, c.seq DESC))[1] \
+                                AS last_seq \
                      FROM ( \
                          SELECT r.ctid, r.available_at, r.seq FROM outbox.events r WHERE ",
-            leasable!(">= (h.head_at, h.head_seq)"),
+            leasable!("> (h.from_at, h.from_seq)"),
             " \
                          ORDER BY r.available_at, r.seq \
-                         LIMIT floor(t.remaining * h.part)::bigint \
+                         LIMIT h.take \
                          FOR UPDATE SKIP LOCKED \
                      ) c \
                  ) l \
-                 WHERE t.remaining > 0 AND t.turn < cardinality(o.parts) \
+                 WHERE t.remaining > 0 AND t.turn < 2 * cardinality(o.parts) \
              ) \
              SELECT c.ctid, c.available_at, c.seq \
              FROM taken t, unnest(t.ctids, t.ats, t.seqs) AS c(ctid, available_at, seq)"
