@@ -195,8 +195,9 @@ macro_rules! leasable {
 /// (`LIMIT $1 FOR UPDATE SKIP LOCKED` inside the join) and kept the oldest `$1` of them: a lease
 /// of 1,000 over 50 types with a backlog locked 50,000 rows, each lock a tuple header write and
 /// a WAL record (51,000 lock records and 2.8 MB of WAL, against 2,000 and 108 kB for the same
-/// 1,000 rows now), and other relays skipped the 49,000 rows nobody leased: such a backlog
-/// drained at a quarter of the rate of the same backlog in one type (BENCHMARKS.md, `types`).
+/// 1,000 rows now), and other relays skipped the 49,000 rows nobody leased: one relay drained
+/// such a backlog at 0.29x the rate of the same backlog in one type, 0.96x now (BENCHMARKS.md,
+/// `types`).
 /// Now each type gets a share of `$1` in proportion to how long its oldest available row (its
 /// head) has waited, and locks no more than that:
 /// - `heads`: each type's head, read without locking it (an index probe, `LIMIT 1`), and its
