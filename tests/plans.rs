@@ -389,3 +389,94 @@ async fn a_draining_relay_leases_past_the_rows_it_drained(pool: PgPool) {
         "the lease past the position read {past} buffers, from the head {from_head}"
     );
 }
+
+/// Event types of the many-types plan test.
+const TYPES: usize = 50;
+
+/// Rows locked by every `LockRows` node of a JSON plan (its rows per loop, rounded, times loops).
+fn rows_locked(node: &serde_json::Value) -> i64 {
+    let own = if node["Node Type"] == "LockRows" {
+        node["Actual Rows"].as_i64().unwrap_or(0) * node["Actual Loops"].as_i64().unwrap_or(1)
+    } else {
+        0
+    };
+    own + node["Plans"].as_array().map_or(0, |children| children.iter().map(rows_locked).sum())
+}
+
+/// A lease over 50 types with a backlog in each, planned on an empty outbox: it stays on the
+/// indexes, and locks the rows it leases, not its limit in each type (the first version locked
+/// 50,000 rows to lease 1,000, a WAL record each). The relay's lease of every type too.
+#[sqlx::test(migrations = false)]
+async fn a_lease_over_many_types_locks_only_what_it_leases_on_the_plan_of_an_empty_outbox(
+    pool: PgPool,
+) {
+    migrated(&pool).await;
+    sqlx::raw_sql(
+        "ALTER TABLE outbox.events SET (autovacuum_enabled = false); ANALYZE outbox.events",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let names: Vec<String> = (0..TYPES).map(|t| format!("account.t{t:02}")).collect();
+    let list = |items: &[String]| format!("'{{{}}}'", items.join(","));
+    let aggregates = list(&vec!["account".to_owned(); TYPES]);
+    let versions = list(&vec!["1".to_owned(); TYPES]);
+    let nulls = list(&vec!["NULL".to_owned(); TYPES]);
+    let limit = 1_000;
+    let args = format!("{limit}, gen_random_uuid(), 30000000, 10, false");
+    let lease = format!("{args}, {aggregates}, {}, {versions}, {nulls}, {nulls}", list(&names));
+    let lease_any = format!("{args}, {aggregates}, {}, {versions}", list(&names));
+    let statements = [
+        ("lease", hooks::LEASE, LEASE_PARAMETERS, lease),
+        (
+            "lease_any",
+            hooks::LEASE_ANY,
+            "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            lease_any,
+        ),
+    ];
+
+    let mut relay = pool.acquire().await.unwrap().detach();
+    sqlx::raw_sql(hooks::RELAY_SESSION).execute(&mut relay).await.unwrap();
+    for (name, sql, parameters, arguments) in &statements {
+        let prepare = format!("PREPARE {name}({parameters}) AS {sql}");
+        sqlx::raw_sql(sqlx::static_sql(prepare)).execute(&mut relay).await.unwrap();
+        let first = format!("EXECUTE {name}({arguments})");
+        sqlx::raw_sql(sqlx::static_sql(first)).execute(&mut relay).await.unwrap();
+    }
+    // 400 rows of each type, the types taking turns.
+    sqlx::query(
+        "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT gen_random_uuid(), 'account', i::text, \
+                'account.t' || lpad((i % $1)::text, 2, '0'), '{\"n\": 1}' \
+         FROM generate_series(0, $1 * 400 - 1) AS i",
+    )
+    .bind(TYPES as i32)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    for (name, sql, parameters, measured) in statements {
+        let statement = Statement {
+            name,
+            sql,
+            parameters,
+            first: String::new(),
+            measured,
+            touches: limit,
+            local: None,
+        };
+        let plan = explain(&mut relay, &statement).await;
+        let root = &plan[0]["Plan"];
+        let (read, locked) = (rows_read(root), rows_locked(root));
+        eprintln!("{name} over {TYPES} types: {read} rows read, {locked} locked for {limit}");
+        assert!(!has_seq_scan(root), "{name} scans the table: {plan:#}");
+        assert_eq!(touched(root), limit, "{name}: {plan:#}");
+        // Each lock node's rows per loop are rounded: half a row per type either way.
+        assert!(locked <= limit + TYPES as i64 / 2, "{name} locked {locked} rows: {plan:#}");
+        assert!(
+            read <= READS_PER_ROW * limit + 10,
+            "{name} read {read} rows to touch {limit}: {plan:#}"
+        );
+    }
+}

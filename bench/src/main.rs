@@ -7,7 +7,8 @@
 //! and scale workloads and the 200,000-event stale-statistics drain; `--only emit,drain,...`
 //! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
 //! baselines, steady, history, memory, forward_nats, forward_rabbitmq, and those of issue #16
-//! "scale": scale, wal_locks, delete, batch, emit_bare, purge). Ratios are computed within each
+//! "scale": scale, wal_locks, delete, batch, emit_bare, purge; and types, a backlog over 50
+//! event types against one). Ratios are computed within each
 //! run, then their median is reported. The forwarding workloads need NATS with JetStream on
 //! 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest); they run only when `--only`
 //! names them. Memory and scale run once, whatever `--runs` says: their million-event backlogs
@@ -28,6 +29,7 @@ mod probe;
 mod purge;
 mod relay;
 mod scale;
+mod types;
 mod wal_locks;
 
 use std::collections::BTreeMap;
@@ -72,6 +74,8 @@ struct Sizes {
     sweep: usize,
     /// The backlog 8 relays drain while lock waits are sampled.
     locks: usize,
+    /// The backlog the many-types workload drains, spread over 50 types and in one.
+    types: usize,
     seconds: u64,
 }
 
@@ -145,6 +149,7 @@ async fn main() {
             scale: 100_000,
             sweep: 50_000,
             locks: 20_000,
+            types: 20_000,
             seconds: 2,
         }
     } else {
@@ -157,6 +162,7 @@ async fn main() {
             scale: 1_000_000,
             sweep: 200_000,
             locks: 100_000,
+            types: 100_000,
             seconds: 5,
         }
     };
@@ -380,7 +386,21 @@ async fn main() {
             }
         }
 
-        let counted = ["drain_stale", "drain_stale_big", "wal_locks", "batch"];
+        // 15. a backlog over 50 event types against the same backlog in one; the sides take
+        // turns going first.
+        if args.runs("types") {
+            let measured = types::run(&args.url, sizes.types, run % 2 == 1).await;
+            for (name, side) in [("spread", measured.spread), ("single", measured.single)] {
+                s.add(format!("types {name} 1 relay events/s"), side.one);
+                s.add(format!("types {name} 4 relays events/s"), side.four);
+                s.add(format!("types {name} wal bytes per event"), side.wal_per_event);
+            }
+            s.add("types 1 relay spread vs single", measured.spread.one / measured.single.one);
+            s.add("types 4 relays spread vs single", measured.spread.four / measured.single.four);
+            duplicates.set(duplicates.get() + measured.duplicates);
+        }
+
+        let counted = ["drain_stale", "drain_stale_big", "wal_locks", "batch", "types"];
         if !c16.is_nan() || counted.iter().any(|w| args.runs(w)) {
             s.add("drain duplicates", duplicates.get() as f64);
         }
@@ -612,6 +632,35 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
         ),
     ];
     rows.extend(scale_rows(s, sizes));
+    for relays in ["1 relay", "4 relays"] {
+        let m = |what: &str| s.median(&format!("types {what}"));
+        rows.push((
+            format!(
+                "drain {} over {} event types vs the same in one type, {relays} (defaults)",
+                sizes.types,
+                types::TYPES
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m(&format!("{relays} spread vs single")),
+                m(&format!("spread {relays} events/s")),
+                m(&format!("single {relays} events/s"))
+            ),
+            target(m(&format!("{relays} spread vs single")) >= 0.9, "≥ 0.9x"),
+        ));
+    }
+    rows.push((
+        format!(
+            "WAL per event delivered, the 1-relay drains above (whole cluster): {} types / one",
+            types::TYPES
+        ),
+        format!(
+            "{:.0} / {:.0} bytes",
+            s.median("types spread wal bytes per event"),
+            s.median("types single wal bytes per event")
+        ),
+        String::new(),
+    ));
     for (name, producers) in
         [("single", "8 producers, 1 emit per tx"), ("burst", "4 producers, emit_all of 100")]
     {

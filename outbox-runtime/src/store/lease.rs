@@ -169,32 +169,146 @@ macro_rules! first_in_aggregate {
     };
 }
 
-/// Selects and locks the oldest available rows of the types in `types` (a relation of
+/// The conditions under which `r` is a row the relay may lease of the type `h` (`aggregate_type`,
+/// `event_type`, `newest_version`), with `(r.available_at, r.seq)` then `$position` (a
+/// comparison with a position, for the index scan to start at).
+macro_rules! leasable {
+    ($position:expr) => {
+        concat!(
+            "r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
+             AND (r.available_at, r.seq) ",
+            $position,
+            " AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
+             AND r.event_version <= h.newest_version AND ",
+            first_in_aggregate!()
+        )
+    };
+}
+
+/// Selects and locks up to `$1` available rows of the types in `types` (a relation of
 /// `aggregate_type, event_type, newest_version, from_at, from_seq`) up to their newest version,
-/// past `(from_at, from_seq)` (from the head where NULL): one short scan of the
-/// `events_pending_by_type` index per type, so rows of other types cost nothing however many
-/// pile up.
+/// past `(from_at, from_seq)` (from the head where NULL), the oldest of each type first: short
+/// scans of the `events_pending_by_type` index, two or three per type, so rows of other types
+/// cost nothing however many pile up.
+///
+/// Only the rows it returns are locked. A first version locked up to `$1` rows of every type
+/// (`LIMIT $1 FOR UPDATE SKIP LOCKED` inside the join) and kept the oldest `$1` of them: a lease
+/// of 1,000 over 50 types with a backlog locked 50,000 rows, each lock a tuple header write and
+/// a WAL record (51,000 lock records and 2.8 MB of WAL, against 2,000 and 108 kB for the same
+/// 1,000 rows now), and other relays skipped the 49,000 rows nobody leased: one relay drained
+/// such a backlog at 0.29x the rate of the same backlog in one type, 0.96x now (BENCHMARKS.md,
+/// `types`).
+/// Now each type gets a share of `$1` in proportion to how long its oldest available row (its
+/// head) has waited, and locks no more than that:
+/// - `heads`: each type's head, read without locking it (an index probe, `LIMIT 1`), and its
+///   part: how long it has waited over the total of its own wait and those of the older heads,
+///   the types still to come when its turn comes (1 for the oldest). Types without an
+///   available row drop out here.
+/// - `turns`: the types with a head, youngest head first, as arrays the next step indexes;
+///   `MATERIALIZED`, or the planner inlines it into the recursive step, which then probes every
+///   head again at each turn (2,550 probes for 50 types: `tests/plans.rs` caught it).
+/// - `taken`, a first lap: type by type, youngest head first, locks up to
+///   `floor(remaining * part)` rows of the type from its head (the scan starts there, not at
+///   the position, so it steps over nothing the probe stepped over) with `SKIP LOCKED` (rows
+///   another relay is leasing are left to it), and passes what it did not take on. The oldest
+///   head comes last and gets everything left (its part is 1): so what a young type with a few
+///   rows leaves of its share goes to the older ones, those with a backlog; and the type waiting
+///   longest always gets a row, however small `$1` (what is left when it comes is at least its
+///   share of `$1`, so at least one).
+/// - `taken`, a second lap, only while rows are left to take (the oldest type ran out, or other
+///   relays hold its rows): oldest head first, each type that filled its share takes what is
+///   left, past the last row it took. So a lease comes back short only when no type has more to
+///   lease, which is what the relay's cursor and lease sizing read a short lease as (`pace.rs`,
+///   `cursor.rs`). A type that gave out in the first lap (took less than its share) is skipped.
+///
+/// Shares by waiting time keep the delivery close to oldest first across types without reading
+/// more than each type's head: a type that falls behind gets more of the next lease, and one
+/// leased less than its rows keeps its head and grows older until its share catches up, so none
+/// starves; a young type gets a row once its head has waited about the oldest head's wait over
+/// `$1`. `waited` gets a millisecond more than it waited, so heads that became available at this
+/// very instant still share. A head that landed long ago (an event scheduled in the past) makes
+/// its type take most of one lease, as oldest-first would. Each type's rows come oldest first,
+/// and rows of one ordered aggregate never two at a time: `first_in_aggregate!` sees the rows
+/// this statement already locked as undelivered.
 macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
-            "SELECT c.ctid, c.available_at, c.seq FROM ",
+            "WITH RECURSIVE heads AS ( \
+                 SELECT h.aggregate_type, h.event_type, h.newest_version, f.available_at, f.seq, \
+                        CASE WHEN row_number() OVER by_age = 1 THEN 1 \
+                             ELSE f.waited / sum(f.waited) OVER (by_age ROWS UNBOUNDED PRECEDING) \
+                        END AS part \
+                 FROM ",
             $types,
             " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
-             CROSS JOIN LATERAL ( \
-                 SELECT r.ctid, r.available_at, r.seq FROM outbox.events r \
-                 WHERE r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
-                   AND (r.available_at, r.seq) \
-                       > (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0)) \
-                   AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-                   AND r.event_version <= h.newest_version AND ",
-            first_in_aggregate!(),
+                 CROSS JOIN LATERAL ( \
+                     SELECT r.available_at, r.seq, \
+                            extract(epoch FROM now() - r.available_at)::float8 + 0.001 AS waited \
+                     FROM outbox.events r WHERE ",
+            leasable!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
             " \
-                 ORDER BY r.available_at, r.seq \
-                 LIMIT $1 \
-                 FOR UPDATE SKIP LOCKED \
-             ) c \
-             ORDER BY c.available_at, c.seq \
-             LIMIT $1"
+                     ORDER BY r.available_at, r.seq LIMIT 1 \
+                 ) f \
+                 WINDOW by_age AS (ORDER BY f.available_at, f.seq) \
+             ), turns AS MATERIALIZED ( \
+                 SELECT array_agg(aggregate_type ORDER BY available_at DESC, seq DESC) AS aggregate_types, \
+                        array_agg(event_type ORDER BY available_at DESC, seq DESC) AS event_types, \
+                        array_agg(newest_version ORDER BY available_at DESC, seq DESC) AS versions, \
+                        array_agg(available_at ORDER BY available_at DESC, seq DESC) AS head_ats, \
+                        array_agg(seq ORDER BY available_at DESC, seq DESC) AS head_seqs, \
+                        array_agg(part ORDER BY available_at DESC, seq DESC) AS parts \
+                 FROM heads \
+             ), taken(turn, remaining, ctids, ats, seqs, after_ats, after_seqs) AS ( \
+                 SELECT 0, $1::bigint, NULL::tid[], NULL::timestamptz[], NULL::int8[], \
+                        '{}'::timestamptz[], '{}'::int8[] \
+                 UNION ALL \
+                 SELECT t.turn + 1, t.remaining - l.taken, l.ctids, l.ats, l.seqs, \
+                        CASE WHEN n.first_lap THEN t.after_ats || \
+                             CASE WHEN l.taken < h.take THEN NULL \
+                                  ELSE coalesce(l.last_at, h.from_at) END \
+                             ELSE t.after_ats END, \
+                        CASE WHEN n.first_lap THEN t.after_seqs || \
+                             CASE WHEN l.taken < h.take THEN NULL \
+                                  ELSE coalesce(l.last_seq, h.from_seq) END \
+                             ELSE t.after_seqs END \
+                 FROM taken t CROSS JOIN turns o \
+                 CROSS JOIN LATERAL ( \
+                     SELECT t.turn < cardinality(o.parts) AS first_lap, \
+                            CASE WHEN t.turn < cardinality(o.parts) THEN t.turn + 1 \
+                                 ELSE 2 * cardinality(o.parts) - t.turn END AS k \
+                 ) n \
+                 CROSS JOIN LATERAL ( \
+                     SELECT o.aggregate_types[n.k] AS aggregate_type, \
+                            o.event_types[n.k] AS event_type, \
+                            o.versions[n.k] AS newest_version, \
+                            CASE WHEN n.first_lap THEN o.head_ats[n.k] \
+                                 ELSE t.after_ats[n.k] END AS from_at, \
+                            CASE WHEN n.first_lap THEN o.head_seqs[n.k] - 1 \
+                                 ELSE t.after_seqs[n.k] END AS from_seq, \
+                            CASE WHEN n.first_lap THEN floor(t.remaining * o.parts[n.k])::bigint \
+                                 WHEN t.after_seqs[n.k] IS NULL THEN 0 \
+                                 ELSE t.remaining END AS take \
+                 ) h \
+                 CROSS JOIN LATERAL ( \
+                     SELECT count(*) AS taken, array_agg(c.ctid) AS ctids, \
+                            array_agg(c.available_at) AS ats, array_agg(c.seq) AS seqs, \
+                            (array_agg(c.available_at ORDER BY c.available_at DESC, c.seq DESC))[1] \
+                                AS last_at, \
+                            (array_agg(c.seq ORDER BY c.available_at DESC, c.seq DESC))[1] \
+                                AS last_seq \
+                     FROM ( \
+                         SELECT r.ctid, r.available_at, r.seq FROM outbox.events r WHERE ",
+            leasable!("> (h.from_at, h.from_seq)"),
+            " \
+                         ORDER BY r.available_at, r.seq \
+                         LIMIT h.take \
+                         FOR UPDATE SKIP LOCKED \
+                     ) c \
+                 ) l \
+                 WHERE t.remaining > 0 AND t.turn < 2 * cardinality(o.parts) \
+             ) \
+             SELECT c.ctid, c.available_at, c.seq \
+             FROM taken t, unnest(t.ctids, t.ats, t.seqs) AS c(ctid, available_at, seq)"
         )
     };
 }
@@ -217,8 +331,8 @@ pub(crate) const LEASE_HANDLED: &str = lease_sql!(oldest_per_type!(
 /// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions. The
 /// types with pending rows come from a skip scan of the per-type index (one probe per type),
 /// not from an index of their own.
-pub(crate) const LEASE_ANY: &str = lease_sql!(
-    "WITH RECURSIVE pending_types AS ( \
+pub(crate) const LEASE_ANY: &str = lease_sql!(oldest_per_type!(
+    "(WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
           WHERE r.published_at IS NULL AND r.dead_at IS NULL \
           ORDER BY r.aggregate_type, r.event_type LIMIT 1) \
@@ -229,15 +343,13 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(
                AND (r.aggregate_type, r.event_type) > (t.aggregate_type, t.event_type) \
              ORDER BY r.aggregate_type, r.event_type LIMIT 1 \
          ) n \
-     ) ",
-    oldest_per_type!(
-        "(SELECT t.aggregate_type, t.event_type, coalesce(v.newest, 2147483647), \
-                 NULL::timestamptz, NULL::int8 \
-          FROM pending_types t \
-          LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
-          ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
-    )
-);
+     ) \
+     SELECT t.aggregate_type, t.event_type, coalesce(v.newest, 2147483647), \
+            NULL::timestamptz, NULL::int8 \
+     FROM pending_types t \
+     LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
+     ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
+));
 
 /// The settings of the relay's own connections. Each statement is planned once and the plan
 /// reused (planning each lease took a fifth of its time), so that plan must stay index-driven
