@@ -58,6 +58,7 @@ async fn lease<'e>(
         .bind(vec![i32::MAX; n])
         .bind(at)
         .bind(seq)
+        .bind(Vec::<Uuid>::new())
         .fetch_all(executor)
         .await
         .unwrap();
@@ -252,4 +253,38 @@ async fn when_the_oldest_type_runs_out_the_others_fill_the_lease(pool: PgPool) {
         leased.iter().filter(|row| row.event_type == type_name(1)).map(|row| row.seq).collect();
     t01.sort();
     assert_eq!(t01, (6..=100).collect::<Vec<i64>>());
+}
+
+/// A relay that leases again a row it still holds (its renewals could not reach the row for a
+/// lease timeout, and its own lease found it first) counts no expiry: the row, whose delivery
+/// goes on under the new token, does not die under it at `max_expired_leases`, and its
+/// acknowledgement under the new token publishes it. Another relay's lease counts the expiry
+/// and, at the limit, kills the row.
+#[sqlx::test(migrations = false)]
+async fn leasing_again_a_row_the_relay_holds_counts_no_expiry(pool: PgPool) {
+    use outbox_runtime::__private::test_hooks::steps;
+    use std::time::Duration;
+
+    migrated(&pool).await;
+    let types = [("order", "order.placed")];
+    // One-millisecond leases, and the first expiry kills.
+    let lease = |held: Vec<Uuid>| {
+        let pool = pool.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await; // past the last lease
+            steps::lease(&pool, &types, 1, Duration::from_millis(1), 1, false, &held).await.unwrap()
+        }
+    };
+    let held = emit_committed(&pool, &[placed(1)]).await[0];
+    assert_eq!(lease(vec![]).await.len(), 1);
+    let again = lease(vec![held]).await;
+    let &[(id, token, _, expired_leases, died)] = again.as_slice() else { panic!("{again:?}") };
+    assert_eq!((id, expired_leases, died), (held, 0, false), "its own lease is no expiry");
+    assert!(steps::publish(&pool, id, token).await.unwrap(), "published under the new token");
+
+    let other = emit_committed(&pool, &[placed(2)]).await[0];
+    assert_eq!(lease(vec![]).await.len(), 1);
+    let taken = lease(vec![held]).await; // this relay holds another row, not this one
+    let &[(id, _, _, expired_leases, died)] = taken.as_slice() else { panic!("{taken:?}") };
+    assert_eq!((id, expired_leases, died), (other, 1, true), "another relay's lease counts it");
 }

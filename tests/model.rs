@@ -487,6 +487,7 @@ impl Harness {
                     LEASE_TIMEOUT,
                     settings.max_expired_leases,
                     settings.skip_dead_ordered,
+                    &[],
                 )
                 .await?;
 

@@ -123,7 +123,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             parameters: LEASE_PARAMETERS,
             first: format!("{lease_args}, {FROM_HEAD}"),
             measured: format!(
-                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}'"
+                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}', \
+                 '{{}}'"
             ),
             touches: 100,
             local: None,
@@ -131,9 +132,9 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         Statement {
             name: "lease_any",
             sql: hooks::LEASE_ANY,
-            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
-            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
-            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
             touches: 100,
             local: None,
         },
@@ -264,14 +265,14 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
 
 /// The parameter types of the lease statement.
 const LEASE_PARAMETERS: &str =
-    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[]";
+    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[], uuid[]";
 
 /// The lease's arguments after `$5`: `order.placed` from the head of its pending rows.
-const FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}'";
+const FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}', '{}'";
 
 /// The relay's default lease of up to 100 `order.placed` rows from the head.
 const LEASE: &str = "100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', \
-                     '{1}', '{NULL}', '{NULL}'";
+                     '{1}', '{NULL}', '{NULL}', '{}'";
 
 /// Shared buffers the lease statement with these arguments reads to find its rows (the
 /// `candidates` part, not the update), from `EXPLAIN (ANALYZE, BUFFERS)`.
@@ -372,7 +373,7 @@ async fn a_draining_relay_leases_past_the_rows_it_drained(pool: PgPool) {
 
     let from_position = format!(
         "100, gen_random_uuid(), 30000000, 10, false, '{{order}}', '{{order.placed}}', '{{1}}', \
-         '{{\"{at}\"}}', '{{{seq}}}'"
+         '{{\"{at}\"}}', '{{{seq}}}', '{{}}'"
     );
     let past = lease_buffers(&pool, &from_position).await;
     let from_head = lease_buffers(&pool, LEASE).await;
@@ -424,14 +425,15 @@ async fn a_lease_over_many_types_locks_only_what_it_leases_on_the_plan_of_an_emp
     let nulls = list(&vec!["NULL".to_owned(); TYPES]);
     let limit = 1_000;
     let args = format!("{limit}, gen_random_uuid(), 30000000, 10, false");
-    let lease = format!("{args}, {aggregates}, {}, {versions}, {nulls}, {nulls}", list(&names));
-    let lease_any = format!("{args}, {aggregates}, {}, {versions}", list(&names));
+    let lease =
+        format!("{args}, {aggregates}, {}, {versions}, {nulls}, {nulls}, '{{}}'", list(&names));
+    let lease_any = format!("{args}, {aggregates}, {}, {versions}, '{{}}'", list(&names));
     let statements = [
         ("lease", hooks::LEASE, LEASE_PARAMETERS, lease),
         (
             "lease_any",
             hooks::LEASE_ANY,
-            "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
             lease_any,
         ),
     ];

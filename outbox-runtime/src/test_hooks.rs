@@ -8,10 +8,11 @@ pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
 /// The relay's default lease statement. Parameters: `$1` limit, `$2` token, `$3` lease micros,
 /// `$4` most expired leases, `$5` skip dead ordered events, `$6` to `$8` handled aggregate
 /// types, event types and the newest version read of each, `$9`, `$10` the `(available_at, seq)`
-/// each type's scan starts after (NULL: from the head).
+/// each type's scan starts after (NULL: from the head), `$11` the ids the relay holds.
 pub const LEASE: &str = crate::store::LEASE_HANDLED;
 /// The lease of a relay that takes every event type (`UnknownEvents::Fail`), from the head:
-/// parameters as [`LEASE`] up to `$8`, which cap the versions of the types listed.
+/// parameters as [`LEASE`] up to `$8`, which cap the versions of the types listed, then `$9` the
+/// ids the relay holds.
 pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
@@ -46,7 +47,7 @@ pub mod steps {
     pub type Leased = (Uuid, Uuid, i32, i32, bool);
 
     /// Leases up to `limit` rows of the given `(aggregate_type, event_type)` pairs with the
-    /// relay's default statement.
+    /// relay's default statement, as a relay that holds the rows `held`.
     pub async fn lease(
         pool: &PgPool,
         types: &[(&str, &str)],
@@ -54,6 +55,7 @@ pub mod steps {
         lease_timeout: Duration,
         max_expired_leases: i32,
         skip_dead_ordered: bool,
+        held: &[Uuid],
     ) -> Result<Vec<Leased>, sqlx::Error> {
         let mut versions = TypeVersions::default();
         for &(aggregate_type, event_type) in types {
@@ -65,7 +67,7 @@ pub mod steps {
             max_expired_leases,
             skip_dead_ordered,
         };
-        let rows = store::lease(pool, &plan, store::Scan::Full, limit).await?;
+        let rows = store::lease(pool, &plan, store::Scan::Full, limit, held).await?;
         Ok(rows
             .into_iter()
             .map(|r| (r.event_id, r.lease_token, r.attempts, r.expired_leases, r.died))

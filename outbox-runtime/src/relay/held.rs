@@ -117,6 +117,11 @@ impl Held {
         self.0.settled.notify_waiters();
     }
 
+    /// Every held row: the lease counts no expiry when it leases one of them again.
+    pub(crate) fn ids(&self) -> Vec<Uuid> {
+        self.lock().keys().copied().collect()
+    }
+
     /// Every held row with its current token, for a renewal.
     pub(crate) fn tokens(&self) -> (Vec<Uuid>, Vec<Uuid>) {
         self.lock().iter().map(|(id, entry)| (*id, entry.token)).unzip()

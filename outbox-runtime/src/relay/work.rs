@@ -166,7 +166,8 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         let cursor = if sink_down { &mut self.cursor_while_sink_down } else { &mut self.cursor };
         let scan = cursor.scan();
         let from_head = matches!(scan, store::Scan::Full);
-        let rows = store::lease(pool, plan, scan, i64::from(limit)).await?;
+        let held = self.held.ids();
+        let rows = store::lease(pool, plan, scan, i64::from(limit), &held).await?;
         relay.metrics.database_reached();
         self.batch_size.found(limit, rows.len());
         cursor.leased(plan, from_head, limit, &rows);

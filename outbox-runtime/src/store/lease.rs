@@ -117,6 +117,14 @@ pub(crate) struct LeasePlan {
     pub(crate) skip_dead_ordered: bool,
 }
 
+/// Whether leasing the row `e` counts an expired lease: it was leased, and not by the relay
+/// leasing it now, which holds the ids `$held`.
+macro_rules! expired {
+    ($held:literal) => {
+        concat!("(e.lease_token IS NOT NULL AND e.event_id <> ALL (", $held, "::uuid[]))")
+    };
+}
+
 /// The lease statement around a `candidates` query that selects and locks the rows to lease.
 ///
 /// The candidates are located by `ctid`, the address of the row version they locked (no other
@@ -127,10 +135,13 @@ pub(crate) struct LeasePlan {
 /// The lease pushes `available_at` past the lease timeout, so the row stays invisible to every
 /// other relay after this statement commits, until the lease expires. Leasing a row whose
 /// previous lease expired counts that expiry (apart from failed deliveries), and kills the row
-/// if it reached `$4`, the most expiries allowed. Each row comes back with the position it had
-/// in the index before the lease moved it, where the relay's next scan of its type can start.
+/// if it reached `$4`, the most expiries allowed; but not a row the leasing relay still holds
+/// (`$held`, the ids it holds): its delivery or acknowledgement goes on under the new token, and
+/// a row it is about to publish must not die under it. Each row comes back with the position it
+/// had in the index before the lease moved it, where the relay's next scan of its type can
+/// start.
 macro_rules! lease_sql {
-    ($($candidates:expr),+) => {
+    ($held:literal, $($candidates:expr),+) => {
         concat!(
             "WITH candidates AS (",
             $($candidates,)+
@@ -138,12 +149,12 @@ macro_rules! lease_sql {
              UPDATE outbox.events e \
              SET lease_token  = $2, \
                  available_at = now() + $3::bigint * interval '1 microsecond', \
-                 expired_leases = e.expired_leases + (e.lease_token IS NOT NULL)::int, \
-                 last_error   = CASE WHEN e.lease_token IS NOT NULL AND e.expired_leases + 1 >= $4 \
+                 expired_leases = e.expired_leases + (", expired!($held), ")::int, \
+                 last_error   = CASE WHEN ", expired!($held), " AND e.expired_leases + 1 >= $4 \
                                 THEN format('its lease expired %s times before a relay \
                                              acknowledged it', e.expired_leases + 1) \
                                 ELSE e.last_error END, \
-                 dead_at      = CASE WHEN e.lease_token IS NOT NULL AND e.expired_leases + 1 >= $4 \
+                 dead_at      = CASE WHEN ", expired!($held), " AND e.expired_leases + 1 >= $4 \
                                 THEN now() END \
              WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates)) \
              RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
@@ -314,7 +325,7 @@ macro_rules! oldest_per_type {
 }
 
 /// Leases the oldest available rows of the types `$6` to `$8` (up to their versions), each past
-/// the position `$9`, `$10`; all column-wise.
+/// the position `$9`, `$10`; all column-wise. `$11`: the rows the relay holds.
 ///
 /// A row removed from the pending rows (leased, published, deleted) leaves its index entry
 /// behind, dead, at the head of the index, where every scan from the head steps over it until
@@ -324,15 +335,18 @@ macro_rules! oldest_per_type {
 /// took of the type; it reads from the head (NULL) again once it has caught up, and at
 /// least once a second, for the rows that land behind that position (a transaction that
 /// committed late, an event scheduled in the past).
-pub(crate) const LEASE_HANDLED: &str = lease_sql!(oldest_per_type!(
-    "UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], $10::int8[])"
-));
+pub(crate) const LEASE_HANDLED: &str = lease_sql!(
+    "$11",
+    oldest_per_type!("UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], $10::int8[])")
+);
 
-/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions. The
-/// types with pending rows come from a skip scan of the per-type index (one probe per type),
-/// not from an index of their own.
-pub(crate) const LEASE_ANY: &str = lease_sql!(oldest_per_type!(
-    "(WITH RECURSIVE pending_types AS ( \
+/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions
+/// (`$9`: the rows the relay holds). The types with pending rows come from a skip scan of the
+/// per-type index (one probe per type), not from an index of their own.
+pub(crate) const LEASE_ANY: &str = lease_sql!(
+    "$9",
+    oldest_per_type!(
+        "(WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
           WHERE r.published_at IS NULL AND r.dead_at IS NULL \
           ORDER BY r.aggregate_type, r.event_type LIMIT 1) \
@@ -349,7 +363,8 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(oldest_per_type!(
      FROM pending_types t \
      LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
      ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
-));
+    )
+);
 
 /// The settings of the relay's own connections. Each statement is planned once and the plan
 /// reused (planning each lease took a fifth of its time), so that plan must stay index-driven
@@ -361,15 +376,17 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(oldest_per_type!(
 pub(crate) const RELAY_SESSION: &str =
     "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off";
 
-/// Leases up to `limit` available rows in one statement under a fresh fencing token.
+/// Leases up to `limit` available rows in one statement under a fresh fencing token; `held`:
+/// the rows the relay holds, whose expired leases it does not count when it leases them again.
 pub(crate) async fn lease(
     pool: &PgPool,
     plan: &LeasePlan,
     scan: Scan<'_>,
     limit: i64,
+    held: &[Uuid],
 ) -> Result<Vec<LeasedEvent>, sqlx::Error> {
     let token = Uuid::new_v4();
-    let rows = lease_query(plan, scan, limit, token).fetch_all(pool).await?;
+    let rows = lease_query(plan, scan, limit, token, held).fetch_all(pool).await?;
     rows.iter()
         .map(|row| {
             Ok(LeasedEvent {
@@ -393,12 +410,14 @@ pub(crate) async fn lease(
 
 /// `$1` limit, `$2` token, `$3` lease in microseconds, `$4` most expired leases, `$5` skip dead
 /// ordered events, `$6` to `$8` the types and their newest versions, and for
-/// [`LEASE_HANDLED`] `$9`, `$10` where each type's scan starts; all column-wise.
+/// [`LEASE_HANDLED`] `$9`, `$10` where each type's scan starts; all column-wise; then the held
+/// rows (`$11`, or `$9` for [`LEASE_ANY`]).
 pub(super) fn lease_query<'q>(
     plan: &'q LeasePlan,
     scan: Scan<'_>,
     limit: i64,
     token: Uuid,
+    held: &'q [Uuid],
 ) -> Query<'q> {
     let query = |sql| {
         sqlx::query(sql)
@@ -412,7 +431,8 @@ pub(super) fn lease_query<'q>(
         (Scan::Full, LeaseTypes::All(types)) => query(LEASE_ANY)
             .bind(&types.aggregate_types)
             .bind(&types.event_types)
-            .bind(&types.versions),
+            .bind(&types.versions)
+            .bind(held),
         (Scan::Full, LeaseTypes::Only(types)) => {
             let head = types.event_types.len();
             query(LEASE_HANDLED)
@@ -421,6 +441,7 @@ pub(super) fn lease_query<'q>(
                 .bind(&types.versions)
                 .bind(vec![None::<DateTime<Utc>>; head])
                 .bind(vec![None::<i64>; head])
+                .bind(held)
         }
         (Scan::From(positions), _) => {
             let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -437,6 +458,7 @@ pub(super) fn lease_query<'q>(
                 .bind(columns.2)
                 .bind(columns.3)
                 .bind(columns.4)
+                .bind(held)
         }
     }
 }

@@ -123,9 +123,12 @@ mod tests {
             idempotency_key,
         };
         let statements = [
-            ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil))),
-            ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil))),
-            ("lease from", parameters(lease::lease_query(&all, Scan::From(&positions), 10, nil))),
+            ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, &ids))),
+            ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, &ids))),
+            (
+                "lease from",
+                parameters(lease::lease_query(&all, Scan::From(&positions), 10, nil, &ids)),
+            ),
             ("publish", parameters(ack::publish_query(&ids, &tokens, OnPublish::Mark))),
             ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
