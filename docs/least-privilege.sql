@@ -94,6 +94,9 @@ GRANT UPDATE (available_at, lease_token, attempts, expired_leases, last_error, d
 -- An idle relay registers itself as asleep (an upsert), and withdraws when it wakes.
 GRANT SELECT, INSERT, DELETE ON outbox.sleeping_relays TO outbox_relay;
 GRANT UPDATE (event_types, until) ON outbox.sleeping_relays TO outbox_relay;
+-- The relays of a database share one reading of the pending and dead counts for their gauges:
+-- whichever finds it stale counts and stores it (an upsert).
+GRANT SELECT, INSERT, UPDATE ON outbox.stats_reading TO outbox_relay;
 -- At start the relay (and the CLI) compares the migrations applied with the ones it needs, to
 -- refuse an outdated schema with what to do instead of failing on every statement: it reads
 -- which versions succeeded, and nothing else of the history.

@@ -188,3 +188,87 @@ async fn stats_by_type_split_pending_and_dead(pool: PgPool) {
         [("customer", "customer.renamed", 0, 1, false), ("order", "order.placed", 2, 1, true)]
     );
 }
+
+/// The relays' gauges share one reading: the first relay to find it stale counts and stores
+/// it, and every relay reads that reading until it is `max_age` old, so the pending rows are
+/// counted once per interval however many relays run. The reading is exactly
+/// [`outbox_runtime::stats_by_type`]'s, ages included.
+#[sqlx::test(migrations = false)]
+async fn relays_share_one_reading_of_the_gauges(pool: PgPool) {
+    use outbox_runtime::__private::test_hooks::shared_stats_by_type;
+
+    migrated(&pool).await;
+    emit_committed(&pool, &[placed(1), placed(2)]).await;
+    dead_row(&pool, "customer", "customer.renamed", "x").await;
+    let hour = Duration::from_secs(3600);
+    let pending = |by_type: &[outbox_runtime::TypeStats]| -> Vec<(String, i64, i64)> {
+        by_type.iter().map(|t| (t.event_type.clone(), t.pending, t.dead)).collect()
+    };
+
+    let first = shared_stats_by_type(&pool, hour).await.unwrap().expect("nobody else counts");
+    let exact = outbox_runtime::stats_by_type(&pool).await.unwrap();
+    assert_eq!(pending(&first), pending(&exact));
+    assert_eq!(pending(&first), [("customer.renamed".into(), 0, 1), ("order.placed".into(), 2, 0)]);
+    let age = first[1].oldest_pending_age.expect("order.placed has a pending event");
+    assert!(age <= exact[1].oldest_pending_age.unwrap(), "{age:?} is the age at the reading");
+
+    // Three more relays within the hour: the stored reading, not a new count.
+    emit_committed(&pool, &[placed(3)]).await;
+    for _ in 0..3 {
+        let shared = shared_stats_by_type(&pool, hour).await.unwrap().unwrap();
+        assert_eq!(pending(&shared), pending(&first), "the reading is shared, not retaken");
+        assert!(shared[1].oldest_pending_age.unwrap() >= age, "ages count to each reading");
+    }
+
+    // While one relay counts (it holds the lock), another keeps its last values.
+    let mut counting = pool.begin().await.unwrap();
+    let locked: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.stats_reading', 0))",
+    )
+    .fetch_one(&mut *counting)
+    .await
+    .unwrap();
+    assert!(locked);
+    assert!(shared_stats_by_type(&pool, Duration::ZERO).await.unwrap().is_none());
+    counting.rollback().await.unwrap();
+
+    // Stale: the next relay counts again.
+    let recounted = shared_stats_by_type(&pool, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(
+        pending(&recounted),
+        [("customer.renamed".into(), 0, 1), ("order.placed".into(), 3, 0)]
+    );
+}
+
+/// Many relays finding no reading at once: one counts, the others read its reading or keep
+/// their values, none fails, and the pending rows are counted once.
+#[sqlx::test(migrations = false)]
+async fn relays_finding_no_reading_at_once_count_once(pool: PgPool) {
+    use outbox_runtime::__private::test_hooks::shared_stats_by_type;
+
+    migrated(&pool).await;
+    // Each reading stored is one count: the test counts the writes.
+    sqlx::raw_sql(
+        "CREATE TABLE readings_taken (n int NOT NULL); INSERT INTO readings_taken VALUES (0); \
+         CREATE FUNCTION count_reading() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN UPDATE readings_taken SET n = n + 1; RETURN NEW; END $$; \
+         CREATE TRIGGER count_reading AFTER INSERT OR UPDATE ON outbox.stats_reading \
+           FOR EACH ROW EXECUTE FUNCTION count_reading();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    emit_committed(&pool, &[placed(1)]).await;
+    let readings = futures_util::future::join_all((0..8).map(|_| {
+        let pool = pool.clone();
+        async move { shared_stats_by_type(&pool, Duration::from_secs(3600)).await.unwrap() }
+    }))
+    .await;
+    assert!(readings.iter().flatten().count() >= 1, "someone counted: {readings:?}");
+    for reading in readings.iter().flatten() {
+        assert_eq!(reading.iter().map(|t| t.pending).sum::<i64>(), 1);
+    }
+    let (taken,): (i32,) =
+        sqlx::query_as("SELECT n FROM readings_taken").fetch_one(&pool).await.unwrap();
+    assert_eq!(taken, 1, "eight relays, one count");
+}

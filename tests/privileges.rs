@@ -518,6 +518,10 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
     let stats = outbox_runtime::stats(&relay_pool).await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 0));
     assert!(outbox_runtime::stats_by_type(&relay_pool).await.unwrap().is_empty());
+    // The gauges' shared reading: the relay role counts and stores it.
+    let reading =
+        outbox_runtime::__private::test_hooks::shared_stats_by_type(&relay_pool, Duration::ZERO);
+    assert_eq!(reading.await.unwrap(), Some(vec![]));
     let counts = relay.stop().await;
     assert_eq!((counts.delivered, counts.failed, counts.dead), (4, 3, 1));
     let delivered = desk.delivered.lock().unwrap().clone();

@@ -60,18 +60,33 @@ pub struct TypeStats {
 
 /// [`OutboxStats`] per event type and version, for those that have pending or dead events.
 pub async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeStats>, Error> {
-    let rows = store::stats_by_type(pool).await?;
-    Ok(rows
-        .into_iter()
-        .map(|(aggregate_type, event_type, version, pending, dead, age)| TypeStats {
+    Ok(store::stats_by_type(pool).await?.into_iter().map(TypeStats::from_counts).collect())
+}
+
+/// [`stats_by_type`] as the relays of a database share it, at most `max_age` old, for their
+/// gauges: `None` while another relay takes the reading.
+#[cfg_attr(not(any(feature = "metrics", feature = "test-hooks")), allow(dead_code))]
+pub(crate) async fn shared_stats_by_type(
+    pool: &PgPool,
+    max_age: Duration,
+) -> Result<Option<Vec<TypeStats>>, Error> {
+    let reading = store::shared_stats_by_type(pool, max_age).await?;
+    Ok(reading.map(|rows| rows.into_iter().map(TypeStats::from_counts).collect()))
+}
+
+impl TypeStats {
+    fn from_counts(
+        (aggregate_type, event_type, version, pending, dead, age): store::TypeCounts,
+    ) -> Self {
+        TypeStats {
             aggregate_type,
             event_type,
             version: u32::try_from(version).unwrap_or(1),
             pending,
             dead,
             oldest_pending_age: age.map(seconds),
-        })
-        .collect())
+        }
+    }
 }
 
 fn seconds(secs: f64) -> Duration {

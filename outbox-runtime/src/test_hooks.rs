@@ -33,6 +33,15 @@ pub const PUBLISH_ONE_DELETE: &str = crate::store::PUBLISH_ONE_DELETE;
 /// Retention: `$1` age in micros, `$2` most rows.
 pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
 
+/// The relays' shared reading for their gauges, at most `max_age` old: `None` while another
+/// caller takes it.
+pub async fn shared_stats_by_type(
+    pool: &sqlx::PgPool,
+    max_age: std::time::Duration,
+) -> Result<Option<Vec<crate::TypeStats>>, crate::Error> {
+    crate::stats::shared_stats_by_type(pool, max_age).await
+}
+
 /// The relay's statements one at a time, for the model-based test that checks the table's
 /// invariants after every step.
 pub mod steps {

@@ -16,6 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+#[cfg(feature = "metrics")]
 use crate::error::ErrorChain;
 use crate::forward::{SinkHealth, SinkStatus};
 
@@ -178,19 +179,25 @@ impl RelayMetrics {
     }
 }
 
-/// Sets the table-wide gauges from a fresh [`stats_by_type`](crate::stats_by_type) reading every
-/// 15 s. `newest_read` is the newest version this relay reads of each type it handles: pending
-/// rows of a newer version wait for another relay, and are counted apart.
+/// How often the table-wide gauges are refreshed, and how old a shared reading they take.
+#[cfg(feature = "metrics")]
+const GAUGE_REFRESH: Duration = Duration::from_secs(15);
+
+/// Sets the table-wide gauges every [`GAUGE_REFRESH`] from the reading the relays of the
+/// database share (one of them counts per interval: counting visits every pending row).
+/// `newest_read` is the newest version this relay reads of each type it handles: pending rows of
+/// a newer version wait for another relay, and are counted apart.
 #[cfg(feature = "metrics")]
 pub(crate) async fn refresh_gauges(
     pool: sqlx::PgPool,
     newest_read: std::collections::HashMap<(String, String), u32>,
 ) {
-    let mut every = tokio::time::interval(Duration::from_secs(15));
+    let mut every = tokio::time::interval(GAUGE_REFRESH);
     loop {
         every.tick().await;
-        match crate::stats_by_type(&pool).await {
-            Ok(by_type) => {
+        match crate::stats::shared_stats_by_type(&pool, GAUGE_REFRESH).await {
+            Ok(None) => {} // another relay is taking the reading
+            Ok(Some(by_type)) => {
                 let waiting: i64 = by_type
                     .iter()
                     .filter(|t| {
@@ -214,7 +221,12 @@ pub(crate) async fn refresh_gauges(
                 metrics::gauge!("outbox_oldest_pending_age_seconds").set(age);
             }
             Err(error) => {
-                tracing::warn!(error = %ErrorChain(&error), "cannot refresh the outbox gauges; they keep their last values until it succeeds")
+                tracing::warn!(
+                    error = %ErrorChain(&error),
+                    "cannot refresh the outbox gauges; they keep their last values until it \
+                     succeeds (the relay's role reads and writes outbox.stats_reading: see \
+                     docs/least-privilege.sql)"
+                )
             }
         }
     }

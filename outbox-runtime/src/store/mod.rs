@@ -29,7 +29,8 @@ pub(crate) use lease::{
 };
 pub use ops::DeadEvent;
 pub(crate) use ops::{
-    dead, discard_dead, purge_published, requeue_dead, stats_by_type, DeadSelection,
+    dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type, stats_by_type,
+    DeadSelection, TypeCounts,
 };
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
@@ -142,6 +143,9 @@ mod tests {
             ("insert many", parameters(emit::insert_many_query(&shared(None), &rows))),
             ("event for key", parameters(emit::event_for_key_query("order", "k"))),
             ("stats", parameters(ops::stats_query())),
+            ("fresh reading", parameters(ops::fresh_reading_query(Duration::ZERO))),
+            ("count lock", parameters(ops::count_lock_query())),
+            ("take reading", parameters(ops::take_reading_query())),
             ("dead", parameters(ops::dead_query(&selection, None, 10))),
             ("requeue", parameters(ops::requeue_query(&selection))),
             ("notify", parameters(ops::notify_query())),

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{micros, Query, Rows, NOTIFY_CHANNEL};
+use super::{micros, Query, Rows, Scalar, NOTIFY_CHANNEL};
 
 /// A dead event, with what an operator needs to decide its fate.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -38,8 +38,28 @@ pub struct DeadEvent {
     pub last_error: Option<String>,
 }
 
-/// Per `(aggregate_type, event_type)`: pending, dead, and age of the oldest pending event.
-/// Pending and dead rows are read through their partial indexes, never the published history.
+/// Per `(aggregate_type, event_type, event_version)`: `pending`, `dead`, and the oldest pending
+/// event's `created_at` as `oldest_pending`. Pending and dead rows are read through their partial
+/// indexes, never the published history; each pending row's heap row is visited, so the cost
+/// grows with the backlog.
+macro_rules! counts_by_type {
+    () => {
+        "SELECT aggregate_type, event_type, event_version, \
+                count(*) FILTER (WHERE NOT dead) AS pending, \
+                count(*) FILTER (WHERE dead) AS dead, \
+                min(created_at) FILTER (WHERE NOT dead) AS oldest_pending \
+         FROM ( \
+             SELECT aggregate_type, event_type, event_version, created_at, false AS dead \
+             FROM outbox.events WHERE published_at IS NULL AND dead_at IS NULL \
+             UNION ALL \
+             SELECT aggregate_type, event_type, event_version, created_at, true \
+             FROM outbox.events WHERE dead_at IS NOT NULL \
+         ) AS unpublished \
+         GROUP BY aggregate_type, event_type, event_version"
+    };
+}
+
+/// Counts pending and dead rows per type and version now (see [`counts_by_type!`]).
 pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx::Error> {
     stats_query().fetch_all(pool).await
 }
@@ -49,21 +69,91 @@ pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx
 pub(crate) type TypeCounts = (String, String, i32, i64, i64, Option<f64>);
 
 pub(super) fn stats_query<'q>() -> Rows<'q, TypeCounts> {
+    sqlx::query_as(concat!(
+        "SELECT aggregate_type, event_type, event_version, pending, dead, \
+                extract(epoch FROM now() - oldest_pending)::float8 \
+         FROM (",
+        counts_by_type!(),
+        ") AS counts ORDER BY aggregate_type, event_type, event_version"
+    ))
+}
+
+/// One type's counts as a stored reading keeps them (the row of [`counts_by_type!`]).
+#[derive(Debug, serde::Deserialize)]
+pub(super) struct StoredCounts {
+    aggregate_type: String,
+    event_type: String,
+    event_version: i32,
+    pending: i64,
+    dead: i64,
+    oldest_pending: Option<DateTime<Utc>>,
+}
+
+/// A stored reading, and the database's clock when it was read, which the ages count to.
+pub(super) type Reading = (sqlx::types::Json<Vec<StoredCounts>>, DateTime<Utc>);
+
+/// [`stats_by_type`] as every relay of the database shares it: the reading in
+/// `outbox.stats_reading` if it is younger than `max_age`; else one caller counts and stores a
+/// new one, under a transaction-scoped advisory lock, while the others get `None` (keep what
+/// they had) rather than count too. So the pending rows are counted about once per `max_age`,
+/// whatever the number of relays.
+pub(crate) async fn shared_stats_by_type(
+    pool: &PgPool,
+    max_age: Duration,
+) -> Result<Option<Vec<TypeCounts>>, sqlx::Error> {
+    if let Some(reading) = fresh_reading_query(max_age).fetch_optional(pool).await? {
+        return Ok(Some(ages(reading)));
+    }
+    let mut tx = pool.begin().await?;
+    if !count_lock_query().fetch_one(&mut *tx).await? {
+        return Ok(None); // another relay is counting
+    }
+    // Another relay may have stored a reading between the first look and the lock.
+    let reading = match fresh_reading_query(max_age).fetch_optional(&mut *tx).await? {
+        Some(reading) => reading,
+        None => take_reading_query().fetch_one(&mut *tx).await?,
+    };
+    tx.commit().await?;
+    Ok(Some(ages(reading)))
+}
+
+fn ages((sqlx::types::Json(by_type), now): Reading) -> Vec<TypeCounts> {
+    by_type
+        .into_iter()
+        .map(|c| {
+            let age =
+                c.oldest_pending.map(|at| (now - at).num_microseconds().unwrap_or(0) as f64 / 1e6);
+            (c.aggregate_type, c.event_type, c.event_version, c.pending, c.dead, age)
+        })
+        .collect()
+}
+
+pub(super) fn fresh_reading_query<'q>(max_age: Duration) -> Rows<'q, Reading> {
     sqlx::query_as(
-        "SELECT aggregate_type, event_type, event_version, \
-                count(*) FILTER (WHERE NOT dead), \
-                count(*) FILTER (WHERE dead), \
-                extract(epoch FROM now() - min(created_at) FILTER (WHERE NOT dead))::float8 \
-         FROM ( \
-             SELECT aggregate_type, event_type, event_version, created_at, false AS dead \
-             FROM outbox.events WHERE published_at IS NULL AND dead_at IS NULL \
-             UNION ALL \
-             SELECT aggregate_type, event_type, event_version, created_at, true \
-             FROM outbox.events WHERE dead_at IS NOT NULL \
-         ) AS unpublished \
-         GROUP BY aggregate_type, event_type, event_version \
-         ORDER BY aggregate_type, event_type, event_version",
+        "SELECT by_type, now() FROM outbox.stats_reading \
+         WHERE read_at > now() - $1::bigint * interval '1 microsecond'",
     )
+    .bind(micros(max_age))
+}
+
+/// Whether this transaction is the one that counts (the lock is the migration's key).
+pub(super) fn count_lock_query<'q>() -> Scalar<'q, bool> {
+    sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox.stats_reading', 0))",
+    )
+}
+
+pub(super) fn take_reading_query<'q>() -> Rows<'q, Reading> {
+    sqlx::query_as(concat!(
+        "INSERT INTO outbox.stats_reading AS s (read_at, by_type) \
+         SELECT now(), coalesce(jsonb_agg(to_jsonb(counts) \
+                ORDER BY aggregate_type, event_type, event_version), '[]') \
+         FROM (",
+        counts_by_type!(),
+        ") AS counts \
+         ON CONFLICT (only_row) DO UPDATE SET read_at = excluded.read_at, by_type = excluded.by_type \
+         RETURNING s.by_type, now()"
+    ))
 }
 
 /// Which dead rows an operation applies to; `None` matches anything.
