@@ -10,6 +10,9 @@ use uuid::Uuid;
 
 #[path = "../../tests/support/db.rs"]
 mod db;
+#[path = "../../tests/support/kafka.rs"]
+#[allow(dead_code)]
+mod kafka;
 #[path = "../../tests/support/nats.rs"]
 #[allow(dead_code)] // the workspace tests use the rest
 mod nats;
@@ -222,6 +225,62 @@ async fn forward_appends_to_redis_streams(pool: PgPool) {
     let mut ids = ids;
     ids.sort();
     assert_eq!(received, ids, "every event once, with its id field");
+}
+
+/// `--to kafka://`: the topic named by `--topic` is created at start (`--kafka-create-topics`),
+/// and each event arrives once, keyed by its aggregate id.
+#[sqlx::test(migrations = false)]
+async fn forward_produces_to_kafka_and_creates_the_topic(pool: PgPool) {
+    migrated(&pool).await;
+    let topics = kafka::Topics::new();
+    let topic = format!("{}.orders", topics.prefix);
+    let events: Vec<OrderPlaced> = (0..5).map(|order_id| OrderPlaced { order_id }).collect();
+    let mut ids = emit_committed(&pool, &events).await;
+    let to = format!("kafka://{}", kafka::KAFKA);
+    let summary = forward_all(
+        &pool,
+        &[
+            ("OUTBOX_FORWARD_TO", &to),
+            ("OUTBOX_FORWARD_SUBJECT", &topic),
+            ("OUTBOX_FORWARD_KAFKA_CREATE_TOPICS", "2:1"),
+            ("OUTBOX_FORWARD_KAFKA_OPTIONS", "linger.ms=1,client.id=outbox-cli-test"),
+        ],
+        5,
+    )
+    .await;
+    assert_eq!(summary["forwarded"], 5);
+    let records = topics.records(&topic, 5).await;
+    let mut received: Vec<Uuid> =
+        records.iter().map(|r| r.header("outbox-event-id").unwrap().parse().unwrap()).collect();
+    received.sort();
+    ids.sort();
+    assert_eq!(received, ids, "every event once, with its id as outbox-event-id");
+    for record in &records {
+        assert_eq!(record.key, record.payload["order_id"].to_string(), "keyed by aggregate id");
+    }
+}
+
+/// A topic that does not exist, without `--kafka-create-topics`, stops the daemon at start
+/// naming it; a broker that does not answer names its address.
+#[sqlx::test(migrations = false)]
+async fn forward_refuses_a_missing_kafka_topic_and_an_unreachable_broker(pool: PgPool) {
+    migrated(&pool).await;
+    let topics = kafka::Topics::new();
+    let topic = format!("{}.missing", topics.prefix);
+    let to = format!("kafka://{}", kafka::KAFKA);
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_SUBJECT", &topic)];
+    let output = forward(&pool, &env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("{topic}: no such topic")), "{stderr}");
+
+    let nobody = free_address();
+    let to = format!("kafka://{nobody}");
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_SUBJECT", "orders")];
+    let output = forward(&pool, &env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("kafka brokers {nobody}")), "{stderr}");
 }
 
 /// A redis-server of the test's own that speaks TLS only, on a free port, with a certificate

@@ -7,9 +7,9 @@
 //!
 //! | message | from the row |
 //! |---|---|
-//! | destination (NATS subject, routing key, stream key) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
+//! | destination (NATS subject, routing key, stream key, Kafka topic) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
 //! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication; AMQP `message_id`; Redis field `id`) | `event_id` |
-//! | partition / ordering key | `aggregate_id` |
+//! | partition / ordering key (the Kafka record key) | `aggregate_id` |
 //! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339), `outbox-event-version` | the row's columns |
 //! | the emit headers, `traceparent` among them | `headers`, strings as they are, other JSON values as JSON text |
 //! | content type | `application/json` |
@@ -22,11 +22,10 @@
 //!
 //! The payload is forwarded as stored, at the version it was written: a forwarding relay does
 //! not upcast, and consumers read the version from its header.
-//!
-//! A Kafka sink is a small addition on this trait: the message's `key` (the aggregate id) is the
-//! record key, so one aggregate stays on one partition, and its id a header.
 
 mod health;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
