@@ -123,3 +123,72 @@ async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool
     }
     assert_in_emit_order(received);
 }
+
+/// A sink whose broker takes `delay` to answer each batch, and that counts the batches it
+/// began to send.
+struct Slow {
+    inner: RedisSink,
+    delay: Duration,
+    began: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl outbox_runtime::forward::Sink for Slow {
+    fn check(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), outbox_runtime::forward::SinkError>> {
+        self.inner.check()
+    }
+
+    fn send<'a>(
+        &'a self,
+        batch: &'a [outbox_runtime::forward::OutboundMessage],
+    ) -> futures_util::future::BoxFuture<'a, Vec<Result<(), outbox_runtime::forward::SinkError>>>
+    {
+        Box::pin(async move {
+            self.began.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            self.inner.send(batch).await
+        })
+    }
+}
+
+/// A relay stopped while its sink is sending stops within its shutdown timeout (and the
+/// second it gives the last acknowledgements), not twice that, and sends nothing once
+/// `run_until` returned: the publish it gave up on never reaches the broker, and its row stays
+/// pending for the next relay.
+#[sqlx::test(migrations = false)]
+async fn a_relay_stopped_mid_send_sends_nothing_after_it_returns(pool: PgPool) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    migrated(&pool).await;
+    let streams = Streams::create().await;
+    let id = emit_committed(&pool, &[placed(1)]).await[0];
+    let began = Arc::new(AtomicUsize::new(0));
+    let sink =
+        Slow { inner: streams.sink().await, delay: Duration::from_secs(6), began: began.clone() };
+    let shutdown_timeout = Duration::from_secs(3);
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+    let relay = fast(Relay::builder(pool.clone()))
+        .forward(Forward::to(sink).destination(&destination))
+        .shutdown_timeout(shutdown_timeout)
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(relay.run_until(async {
+        let _ = stopped.await;
+    }));
+    eventually("the sink began sending", || async { began.load(Ordering::SeqCst) > 0 }).await;
+    let stopping = tokio::time::Instant::now();
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    let took = stopping.elapsed();
+    // Before: the batcher ran detached and shutdown could take twice the timeout (6 s here).
+    assert!(took < shutdown_timeout * 3 / 2 + Duration::from_secs(1), "stopped in {took:?}");
+
+    // Past the moment the given-up send would have reached Redis (it began before the stop).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(streams.keys().await.is_empty(), "nothing sent after run_until returned");
+    let row = row_state(&pool, id).await;
+    assert!(!row.published && row.attempts == 0, "pending, no attempt counted: {row:?}");
+}
