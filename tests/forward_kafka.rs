@@ -83,13 +83,13 @@ async fn a_record_too_large_fails_alone_naming_topic_and_cause(pool: PgPool) {
     migrated(&pool).await;
     let topics = Topics::new();
     let renamed = format!("{}.customer.customer.renamed", topics.prefix);
-    let placed = placed_topic(&topics);
+    let placed_to = placed_topic(&topics);
     let large = CustomerRenamed { customer_id: 1, name: "x".repeat(2 * 1024 * 1024) };
     let mut tx = pool.begin().await.unwrap();
     let large_id = outbox_runtime::emit(&mut tx, &large).await.unwrap();
     tx.commit().await.unwrap();
     let small = emit_committed(&pool, &[placed(1), placed(2)]).await;
-    let sink = topics.sink(&[renamed.clone(), placed.clone()]);
+    let sink = topics.sink(&[renamed.clone(), placed_to.clone()]);
     let slow_retry =
         Backoff { base: Duration::from_secs(60), cap: Duration::from_secs(60), jitter: false };
     let relay = Running::start(forwarding(&pool, sink, &topics).backoff(slow_retry));
@@ -107,7 +107,7 @@ async fn a_record_too_large_fails_alone_naming_topic_and_cause(pool: PgPool) {
     let error = row.last_error.unwrap();
     assert!(error.starts_with(&format!("{renamed}: ")), "{error}");
     assert!(error.to_lowercase().contains("too large"), "the cause is named: {error}");
-    assert_eq!(topics.records(&placed, 2).await.len(), 2, "the others went through");
+    assert_eq!(topics.records(&placed_to, 2).await.len(), 2, "the others went through");
 }
 
 /// A topic the sink checks at start that does not exist stops the relay, naming it, unless the

@@ -69,7 +69,7 @@ pub enum Command {
     ///
     /// JSON (on exit): {"forwarded": int, "failed": int, "dead": int, "handed_back": int}
     #[command(verbatim_doc_comment)]
-    Forward(ForwardArgs),
+    Forward(Box<ForwardArgs>),
 }
 
 /// Arguments of `outbox forward`.
@@ -145,16 +145,17 @@ pub struct ForwardArgs {
     )]
     pub kafka_option: Vec<(String, String)>,
 
-    /// Where each event goes (NATS subject, RabbitMQ routing key, Redis stream key, Kafka
-    /// topic): {aggregate_type}, {event_type}, {aggregate_id}
+    /// Where each event goes: the NATS subject, RabbitMQ routing key, Redis stream key or Kafka
+    /// topic (--subject, --routing-key, --stream-key and --topic say the same), from
+    /// {aggregate_type}, {event_type} and {aggregate_id}
     #[arg(
         long,
-        visible_aliases = ["routing-key", "topic"],
-        env = "OUTBOX_FORWARD_SUBJECT",
+        visible_aliases = ["subject", "routing-key", "stream-key", "topic"],
+        env = "OUTBOX_FORWARD_DESTINATION",
         value_name = "TEMPLATE",
-        default_value = "{aggregate_type}.{event_type}"
+        default_value = outbox_runtime::forward::DEFAULT_DESTINATION
     )]
-    pub subject: String,
+    pub destination: String,
 
     /// Forward only this type, as AGGREGATE_TYPE:EVENT_TYPE (repeat, or comma-separate in the
     /// environment); default every type

@@ -25,7 +25,8 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let mut forward = sink(args).await?.destination(&args.subject).cloudevents(args.cloudevents);
+    let mut forward =
+        sink(args).await?.destination(&args.destination).cloudevents(args.cloudevents);
     if !args.event_type.is_empty() {
         forward = forward.only(args.event_type.clone());
     }
@@ -148,7 +149,7 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
             let config = kafka_config(url, scheme == "kafka+ssl", args);
             let mut sink = KafkaSink::new(&config)
                 .map_err(|e| Failure::Forward(e.to_string()))?
-                .topics(known_topics(&args.subject, &args.event_type));
+                .topics(known_topics(&args.destination, &args.event_type));
             if let Some((partitions, replicas)) = args.kafka_create_topics {
                 sink = sink.create_missing_topics(partitions, replicas);
             }

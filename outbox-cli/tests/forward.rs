@@ -83,7 +83,7 @@ async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
         &[
             ("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222"),
             ("OUTBOX_FORWARD_STREAM", &stream.name),
-            ("OUTBOX_FORWARD_SUBJECT", &subject),
+            ("OUTBOX_FORWARD_DESTINATION", &subject),
             ("OUTBOX_FORWARD_EVENT_TYPES", "order:order.placed"),
             ("OUTBOX_FORWARD_METRICS_ADDR", &metrics_addr),
         ],
@@ -185,7 +185,7 @@ async fn forward_publishes_to_a_rabbitmq_exchange(pool: PgPool) {
         &[
             ("OUTBOX_FORWARD_TO", rabbitmq::AMQP),
             ("OUTBOX_FORWARD_EXCHANGE", &exchange.name),
-            ("OUTBOX_FORWARD_SUBJECT", &routing_key),
+            ("OUTBOX_FORWARD_DESTINATION", &routing_key),
         ],
         5,
     )
@@ -211,7 +211,7 @@ async fn forward_appends_to_redis_streams(pool: PgPool) {
     let key = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
     let summary = forward_all(
         &pool,
-        &[("OUTBOX_FORWARD_TO", redis_streams::REDIS), ("OUTBOX_FORWARD_SUBJECT", &key)],
+        &[("OUTBOX_FORWARD_TO", redis_streams::REDIS), ("OUTBOX_FORWARD_DESTINATION", &key)],
         5,
     )
     .await;
@@ -241,7 +241,7 @@ async fn forward_produces_to_kafka_and_creates_the_topic(pool: PgPool) {
         &pool,
         &[
             ("OUTBOX_FORWARD_TO", &to),
-            ("OUTBOX_FORWARD_SUBJECT", &topic),
+            ("OUTBOX_FORWARD_DESTINATION", &topic),
             ("OUTBOX_FORWARD_KAFKA_CREATE_TOPICS", "2:1"),
             ("OUTBOX_FORWARD_KAFKA_OPTIONS", "linger.ms=1,client.id=outbox-cli-test"),
         ],
@@ -268,7 +268,7 @@ async fn forward_refuses_a_missing_kafka_topic_and_an_unreachable_broker(pool: P
     let topics = kafka::Topics::new();
     let topic = format!("{}.missing", topics.prefix);
     let to = format!("kafka://{}", kafka::KAFKA);
-    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_SUBJECT", &topic)];
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_DESTINATION", &topic)];
     let output = forward(&pool, &env).wait_with_output().unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(!output.status.success());
@@ -276,7 +276,7 @@ async fn forward_refuses_a_missing_kafka_topic_and_an_unreachable_broker(pool: P
 
     let nobody = free_address();
     let to = format!("kafka://{nobody}");
-    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_SUBJECT", "orders")];
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_DESTINATION", "orders")];
     let output = forward(&pool, &env).wait_with_output().unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(!output.status.success());
@@ -346,9 +346,10 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
         .await;
 
     // The test's CA is not among the system's roots: refused, and nothing sent in the clear.
-    let output = forward(&pool, &[("OUTBOX_FORWARD_TO", &url), ("OUTBOX_FORWARD_SUBJECT", &key)])
-        .wait_with_output()
-        .unwrap();
+    let output =
+        forward(&pool, &[("OUTBOX_FORWARD_TO", &url), ("OUTBOX_FORWARD_DESTINATION", &key)])
+            .wait_with_output()
+            .unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     let at = format!("cannot reach the broker at 127.0.0.1:{} over TLS: ", redis.port);
@@ -358,7 +359,7 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
 
     // Trusted through SSL_CERT_FILE, as any system root would be.
     let ca = certs.ca().display().to_string();
-    let env = [("OUTBOX_FORWARD_TO", url.as_str()), ("OUTBOX_FORWARD_SUBJECT", &key)];
+    let env = [("OUTBOX_FORWARD_TO", url.as_str()), ("OUTBOX_FORWARD_DESTINATION", &key)];
     let summary = forward_all(&pool, &[&env[..], &[("SSL_CERT_FILE", &ca)]].concat(), 3).await;
     assert_eq!(summary["forwarded"], 3);
     assert_eq!(redis.xlen(&certs.ca(), &key).await, 3);
