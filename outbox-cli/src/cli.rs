@@ -102,6 +102,24 @@ pub struct ForwardArgs {
     #[arg(long, env = "OUTBOX_FORWARD_EXCHANGE", value_name = "NAME")]
     pub exchange: Option<String>,
 
+    /// Trim each Redis stream to about this many entries as it is appended to (MAXLEN ~)
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_REDIS_MAXLEN",
+        value_name = "N",
+        conflicts_with = "redis_max_age"
+    )]
+    pub redis_maxlen: Option<u64>,
+
+    /// Trim each Redis stream to about the entries of this last while, e.g. 7d (MINID ~)
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_REDIS_MAX_AGE",
+        value_name = "DURATION",
+        value_parser = humantime::parse_duration
+    )]
+    pub redis_max_age: Option<Duration>,
+
     /// A Kafka SASL mechanism for the URL's user and password: PLAIN, SCRAM-SHA-256 or
     /// SCRAM-SHA-512
     #[arg(

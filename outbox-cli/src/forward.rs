@@ -5,7 +5,7 @@ use std::time::Duration;
 use outbox_runtime::forward::kafka::{rdkafka, KafkaSink};
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
-use outbox_runtime::forward::redis::{redis, RedisSink};
+use outbox_runtime::forward::redis::{redis, RedisSink, Trim};
 use outbox_runtime::forward::{Forward, SinkStatus};
 use outbox_runtime::{Relay, RelayCounts, RelayMetrics};
 use sqlx::PgPool;
@@ -141,7 +141,14 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
                 .await
                 .map_err(|e| unreachable(&e))?
                 .map_err(|e| unreachable(&e))?;
-            Ok(Forward::to(RedisSink::new(connection)))
+            let mut sink = RedisSink::new(connection);
+            if let Some(entries) = args.redis_maxlen {
+                sink = sink.trim(Trim::MaxLen(entries));
+            }
+            if let Some(age) = args.redis_max_age {
+                sink = sink.trim(Trim::MaxAge(age));
+            }
+            Ok(Forward::to(sink))
         }
         "kafka" | "kafka+ssl" => {
             // Checked when the relay starts: the brokers answer, and the topics it can name

@@ -97,7 +97,11 @@ impl Topics {
 }
 
 fn read_records(mut config: ClientConfig, topic: &str, expected: usize) -> Vec<Record> {
-    let consumer: BaseConsumer = config.set("enable.auto.commit", "false").create().unwrap();
+    // A group of its own that never joins (the partitions are assigned, not subscribed to):
+    // librdkafka wants a group id to assign partitions.
+    let group = format!("outbox-test-reader-{}", Uuid::new_v4().simple());
+    let consumer: BaseConsumer =
+        config.set("group.id", group).set("enable.auto.commit", "false").create().unwrap();
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
     let partitions = metadata.topics()[0].partitions().len() as i32;
     assert!(partitions > 0, "topic {topic} exists");
@@ -157,7 +161,6 @@ impl Broker {
             .args(["broker", "--listener-url", &format!("tcp://{addr}")])
             .args(["--advertised-listener-url", &format!("tcp://{advertised}")])
             .args(["--storage-engine", "memory://tansu/"])
-            .args(["--prometheus-listener-url", &format!("tcp://{}", Broker::free_addr())])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
