@@ -365,6 +365,93 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
     assert_eq!(redis.xlen(&certs.ca(), &key).await, 3);
 }
 
+/// A Kafka-protocol broker of the test's own that speaks TLS only, with a certificate of
+/// `certs`: tansu (in memory; its own TLS does not start in 0.6.0) behind `socat` terminating
+/// TLS, tansu advertising socat's address so that clients come back through it. Both killed
+/// when dropped.
+struct TlsKafka {
+    addr: String,
+    processes: [Child; 2],
+}
+
+impl TlsKafka {
+    async fn start(certs: &certs::Certs) -> TlsKafka {
+        let (addr, plain) = (free_address(), free_address());
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        let broker = Command::new("tansu")
+            .args(["broker", "--listener-url", &format!("tcp://{plain}")])
+            .args(["--advertised-listener-url", &format!("tcp://{addr}")])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tansu runs (scripts/services-up installs it)");
+        let port = addr.rsplit_once(':').unwrap().1;
+        let listen = format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
+            path(certs.server_cert()),
+            path(certs.server_key())
+        );
+        let terminator = Command::new("socat")
+            .args([listen, format!("TCP:{plain}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat runs (scripts/services-up installs it)");
+        let kafka = TlsKafka { addr, processes: [broker, terminator] };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(&kafka.addr).await.is_ok() {
+                return kafka;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the TLS Kafka broker does not listen on {} after 10 s", kafka.addr);
+    }
+}
+
+impl Drop for TlsKafka {
+    fn drop(&mut self) {
+        for process in &mut self.processes {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
+/// `kafka+ssl://` is TLS or no connection: a certificate that no trusted CA signed stops the
+/// daemon at start naming the brokers; `--kafka-ca` trusts the test's CA and the events go out;
+/// `kafka://` to the TLS port never gets through in plain text.
+#[sqlx::test(migrations = false)]
+async fn forward_produces_to_kafka_over_tls_and_checks_the_certificate(pool: PgPool) {
+    migrated(&pool).await;
+    let certs = certs::Certs::generate();
+    let kafka = TlsKafka::start(&certs).await;
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+    let topic = format!("outbox-tls-{}", Uuid::new_v4().simple());
+    let over_tls = format!("kafka+ssl://{}", kafka.addr);
+    let env = [
+        ("OUTBOX_FORWARD_TO", over_tls.as_str()),
+        ("OUTBOX_FORWARD_DESTINATION", &topic),
+        ("OUTBOX_FORWARD_KAFKA_CREATE_TOPICS", "1:1"),
+    ];
+
+    let plain = format!("kafka://{}", kafka.addr);
+    let plain_env = [("OUTBOX_FORWARD_TO", plain.as_str()), env[1], env[2]];
+    for refused in [&env[..], &plain_env[..]] {
+        let output = forward(&pool, refused).wait_with_output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("kafka brokers {}", kafka.addr)), "{stderr}");
+        assert_eq!(published(&pool).await, 0);
+    }
+
+    let ca = certs.ca().display().to_string();
+    let summary =
+        forward_all(&pool, &[&env[..], &[("OUTBOX_FORWARD_KAFKA_CA", &ca)]].concat(), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+}
+
 #[sqlx::test(migrations = false)]
 async fn forward_over_amqps_to_a_plain_port_fails_and_never_goes_plain(pool: PgPool) {
     migrated(&pool).await;

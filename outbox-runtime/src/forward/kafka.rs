@@ -42,7 +42,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
 use crate::error::ErrorChain;
-use crate::forward::{OutboundMessage, Sink, SinkError};
+use crate::forward::{OutboundMessage, Sink, SinkError, SinkErrorKind};
 
 /// How long librdkafka tries to deliver a record: below
 /// [`CONFIRM_TIMEOUT`](super::CONFIRM_TIMEOUT), so a record the relay sends again is no longer
@@ -57,10 +57,12 @@ pub struct KafkaSink {
     config: ClientConfig,
     /// `kafka brokers <bootstrap.servers>`, what a check names.
     brokers: String,
-    /// Replaced after a fatal error: an idempotent producer that lost its sequence cannot go on.
+    /// Replaced by the check after an unavailability (see [`KafkaSink::renew_producer`]).
     producer: Mutex<FutureProducer<Brokers>>,
     /// Set when librdkafka reports every broker down, cleared by a check that reached them.
     all_down: Arc<AtomicBool>,
+    /// Set when a record came back unavailable: the next check replaces the producer.
+    stale: AtomicBool,
     topics: Vec<String>,
     create: Option<(i32, i32)>,
 }
@@ -78,7 +80,9 @@ impl KafkaSink {
         let brokers = format!("kafka brokers {servers}");
         let all_down = Arc::new(AtomicBool::new(false));
         let producer = Mutex::new(create_producer(&config, &brokers, &all_down)?);
-        Ok(KafkaSink { config, brokers, producer, all_down, topics: Vec::new(), create: None })
+        let stale = AtomicBool::new(false);
+        let (topics, create) = (Vec::new(), None);
+        Ok(KafkaSink { config, brokers, producer, all_down, stale, topics, create })
     }
 
     /// Topics the check requires to exist: at start, a missing one stops the relay (or is
@@ -99,21 +103,24 @@ impl KafkaSink {
         self.producer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
-    /// Replaces a producer that hit a fatal error (its idempotence state lost) with a new one.
-    fn renew_after_fatal_error(&self) -> Result<(), SinkError> {
+    /// Replaces the producer after a record came back unavailable, or a fatal error: after an
+    /// outage an idempotent producer can be left waiting on records it may have written (its
+    /// sequence numbers then stall what follows) or on a broker connection in reconnect backoff;
+    /// a new one starts with fresh connections and a fresh producer id. Returns the old one,
+    /// whose drop purges what it still queued (failing those records as unavailable) and blocks.
+    fn renew_producer(&self) -> Result<Option<FutureProducer<Brokers>>, SinkError> {
         let mut producer = self.producer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((code, reason)) = producer.client().fatal_error() {
-            tracing::warn!(
-                ?code,
-                reason,
-                "the Kafka producer hit a fatal error; replacing it with a new producer"
-            );
-            *producer = create_producer(&self.config, &self.brokers, &self.all_down)?;
+            tracing::warn!(?code, reason, "the Kafka producer hit a fatal error; replacing it");
+        } else if !self.stale.swap(false, Ordering::SeqCst) {
+            return Ok(None);
         }
-        Ok(())
+        let fresh = create_producer(&self.config, &self.brokers, &self.all_down)?;
+        Ok(Some(std::mem::replace(&mut *producer, fresh)))
     }
 
-    /// Creates `missing` with the settings of [`create_missing_topics`](Self::create_missing_topics).
+    /// Creates `missing` with the settings of
+    /// [`create_missing_topics`](Self::create_missing_topics).
     async fn create_topics(
         &self,
         missing: &[&str],
@@ -171,12 +178,13 @@ fn create_producer(
 impl Sink for KafkaSink {
     fn check(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
-            self.renew_after_fatal_error()?;
+            let replaced = self.renew_producer()?;
             let producer = self.producer();
             let topics = self.topics.clone();
             let brokers = self.brokers.clone();
             // librdkafka's metadata request blocks its thread.
-            let found = tokio::task::spawn_blocking(move || -> Result<Vec<String>, SinkError> {
+            let missing = tokio::task::spawn_blocking(move || -> Result<Vec<String>, SinkError> {
+                drop(replaced); // blocks while it purges
                 let unreachable = |e: KafkaError| SinkError::unavailable(&brokers, ErrorChain(&e));
                 if topics.is_empty() {
                     producer.client().fetch_metadata(None, CHECK_TIMEOUT).map_err(unreachable)?;
@@ -200,10 +208,10 @@ impl Sink for KafkaSink {
             .await
             .map_err(|e| SinkError::unavailable(&self.brokers, ErrorChain(&e)))??;
             self.all_down.store(false, Ordering::SeqCst); // they answered
-            if found.is_empty() {
+            if missing.is_empty() {
                 return Ok(());
             }
-            let missing: Vec<&str> = found.iter().map(String::as_str).collect();
+            let missing: Vec<&str> = missing.iter().map(String::as_str).collect();
             match self.create {
                 Some(settings) => self.create_topics(&missing, settings).await,
                 None => Err(SinkError::refused(
@@ -224,6 +232,7 @@ impl Sink for KafkaSink {
                 let down = |m: &OutboundMessage| {
                     Err(SinkError::unavailable(&m.destination, "all Kafka brokers are down"))
                 };
+                self.stale.store(true, Ordering::SeqCst);
                 return batch.iter().map(down).collect();
             }
             // Queue every record first, then await the delivery reports together.
@@ -245,7 +254,14 @@ impl Sink for KafkaSink {
                     }
                 }
             });
-            join_all(reports).await
+            let outcomes = join_all(reports).await;
+            if outcomes
+                .iter()
+                .any(|o| matches!(o, Err(e) if e.kind() == SinkErrorKind::Unavailable))
+            {
+                self.stale.store(true, Ordering::SeqCst);
+            }
+            outcomes
         })
     }
 }
