@@ -69,7 +69,7 @@ impl Worker {
     /// Whether this attempt fails: always for poisoned jobs, else for `fail_percent` of the
     /// `(event id, attempt)` pairs, the same ones in every process and every run.
     fn fails(&self, ctx: &EventContext<Self>, job: &JobRun) -> bool {
-        if self.poison_every > 0 && job.n % self.poison_every == 0 {
+        if self.poison_every > 0 && job.n.is_multiple_of(self.poison_every) {
             return true;
         }
         let id = ctx.event_id().as_u128();
