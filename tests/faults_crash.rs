@@ -23,6 +23,7 @@ use std::time::Duration;
 use outbox_runtime::OutboxEvent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use support::kafka::Topics;
 use support::nats::Stream;
 use support::rabbitmq::Exchange;
 use support::redis::Streams;
@@ -621,6 +622,25 @@ async fn a_forwarder_killed_mid_batch_loses_nothing_on_redis(pool: PgPool) {
         .await
         .iter()
         .map(|(_, fields)| fields.iter().find(|(name, _)| name == "id").unwrap().1.parse().unwrap())
+        .collect();
+    assert_at_least_once(&ids, &received, held_at_kills);
+}
+
+/// Kafka keeps no message id to drop a repeat by: repeats bounded likewise; consumers
+/// deduplicate by the `outbox-event-id` header.
+#[sqlx::test(migrations = false)]
+async fn a_forwarder_killed_mid_batch_loses_nothing_on_kafka(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let topics = Topics::new();
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.extend([("FORWARD_TO", "kafka"), ("FORWARD_PREFIX", &topics.prefix)]);
+    let (ids, held_at_kills) = kill_a_forwarder(&pool, &settings).await;
+    let topic = format!("{}.job.job.run", topics.prefix);
+    let received: Vec<Uuid> = topics
+        .records(&topic, ids.len())
+        .await
+        .iter()
+        .map(|record| record.header("outbox-event-id").unwrap().parse().unwrap())
         .collect();
     assert_at_least_once(&ids, &received, held_at_kills);
 }

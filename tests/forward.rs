@@ -211,6 +211,23 @@ async fn a_type_both_forwarded_and_handled_is_refused_at_build(pool: PgPool) {
     assert_eq!((aggregate_type.as_str(), event_type.as_str()), ("order", "order.placed"));
 }
 
+/// A destination placeholder that no row field fills is a build error naming it, not literal
+/// text in every subject.
+#[sqlx::test(migrations = false)]
+async fn an_unknown_destination_placeholder_is_refused_at_build(pool: PgPool) {
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let forward = Forward::to(stream.sink()).destination("events.{aggregate}.{event_type}");
+    let built = Relay::builder(pool).forward(forward).build();
+    let Err(error @ BuildError::InvalidDestination(_)) = built else {
+        panic!("expected InvalidDestination");
+    };
+    assert_eq!(
+        error.to_string(),
+        "invalid forwarding destination: `{aggregate}` in `events.{aggregate}.{event_type}` is \
+         not a placeholder; use {aggregate_type}, {event_type} or {aggregate_id}"
+    );
+}
+
 #[sqlx::test(migrations = false)]
 async fn while_the_broker_is_away_handled_events_flow_and_forwarded_ones_wait_untried(
     pool: PgPool,

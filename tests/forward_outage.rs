@@ -2,7 +2,7 @@
 //! TCP proxy (`support::proxy`) that the test cuts for longer than the relay's whole retry budget
 //! (and than JetStream's acknowledgement timeout) while events keep being emitted, then restores.
 //!
-//! What each test checks, for NATS JetStream, RabbitMQ and Redis Streams alike:
+//! What each test checks, for NATS JetStream, RabbitMQ, Redis Streams and Kafka alike:
 //! - an unavailable broker is not the events' failure: no attempt counted, no row dead, though
 //!   a few attempts with a fast backoff would have spent the budget many times over;
 //! - the relay saw the outage (it handed rows back, its sink status said unavailable) and
@@ -10,7 +10,7 @@
 //!   proxy, and every event ends published;
 //! - every event is at the consumer: exactly once on JetStream (what the client sent on
 //!   reconnecting and the relay sent again carry the same `Nats-Msg-Id`, dropped by the stream's
-//!   duplicate window); at least once on RabbitMQ and Redis, whose repeats come only from
+//!   duplicate window); at least once on RabbitMQ, Redis and Kafka, whose repeats come only from
 //!   messages in flight when the cut fell (the broker took them, its confirmation was lost), so
 //!   there are at most as many as deliveries run at once.
 //!
@@ -30,6 +30,7 @@ use outbox_runtime::forward::redis::RedisSink;
 use outbox_runtime::forward::{Forward, Sink, SinkStatus};
 use outbox_runtime::{Error, Relay, RelayCounts};
 use sqlx::PgPool;
+use support::kafka::{Broker, Topics};
 use support::nats::{Stream, NATS};
 use support::proxy::Proxy;
 use support::rabbitmq::Exchange;
@@ -197,6 +198,28 @@ async fn redis_away_and_back_reconnects_and_loses_nothing(pool: PgPool) {
             let id = fields.iter().find(|(name, _)| name == "id").expect("an id field");
             id.1.parse().unwrap()
         })
+        .collect();
+    at_least_once(&ids, &received);
+}
+
+/// Kafka clients connect to the addresses the broker advertises, not the one they were given:
+/// the test runs a broker of its own that advertises the proxy's.
+#[sqlx::test(migrations = false)]
+async fn kafka_away_and_back_reconnects_and_loses_nothing(pool: PgPool) {
+    migrated(&pool).await;
+    let addr = Broker::free_addr();
+    let proxy = Proxy::start(addr.clone()).await;
+    let _broker = Broker::start(&addr, &proxy.addr()).await;
+    let topics = Topics::at(&proxy.addr());
+    let topic = format!("{}.order.order.placed", topics.prefix);
+    let sink = topics.sink(std::slice::from_ref(&topic));
+    let (ids, _) = across_an_outage(&pool, &proxy, sink, &topics.prefix).await;
+
+    let received: Vec<Uuid> = topics
+        .records(&topic, TOTAL)
+        .await
+        .iter()
+        .map(|record| record.header("outbox-event-id").unwrap().parse().unwrap())
         .collect();
     at_least_once(&ids, &received);
 }

@@ -192,3 +192,27 @@ async fn a_relay_stopped_mid_send_sends_nothing_after_it_returns(pool: PgPool) {
     let row = row_state(&pool, id).await;
     assert!(!row.published && row.attempts == 0, "pending, no attempt counted: {row:?}");
 }
+
+/// `RedisSink::trim(Trim::MaxLen(n))` keeps each stream near `n` entries (`MAXLEN ~`: whole
+/// nodes of 100 entries are dropped, so at least `n` and under a node more) instead of growing
+/// with every event.
+#[sqlx::test(migrations = false)]
+async fn a_trimmed_stream_keeps_about_its_length(pool: PgPool) {
+    use outbox_runtime::forward::redis::Trim;
+
+    migrated(&pool).await;
+    let streams = Streams::create().await;
+    let events: Vec<_> = (0..500).map(placed).collect();
+    emit_committed(&pool, &events).await;
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+    let sink = streams.sink().await.trim(Trim::MaxLen(100));
+    let builder =
+        fast(Relay::builder(pool.clone())).forward(Forward::to(sink).destination(&destination));
+    forward_until_published(&pool, builder, 500).await;
+    let key = format!("{}.order.order.placed", streams.prefix);
+    let kept = streams.entries(&key).await;
+    assert!((100..200).contains(&kept.len()), "{} entries kept of 500", kept.len());
+    let last: serde_json::Value =
+        serde_json::from_str(fields(kept.last().unwrap())["payload"]).unwrap();
+    assert!(last["total_cents"].as_i64().unwrap() >= 400, "the newest are kept: {last}");
+}

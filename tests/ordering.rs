@@ -70,7 +70,7 @@ const LONG_ACCOUNTS: [u32; 2] = [0, 1];
 
 /// Whether the soak handler fails attempt `attempt` of event `n` (about one in five).
 fn soak_fails(n: u32, attempt: u32) -> bool {
-    mix((u64::from(n) << 32) | u64::from(attempt)) % 5 == 0
+    mix((u64::from(n) << 32) | u64::from(attempt)).is_multiple_of(5)
 }
 
 /// How many times the soak handler fails event `n` before it succeeds.

@@ -1,4 +1,5 @@
-//! Forwarding to real brokers (NATS JetStream on 127.0.0.1:4222, RabbitMQ on 127.0.0.1:5672):
+//! Forwarding to real brokers (NATS JetStream on 127.0.0.1:4222, RabbitMQ on 127.0.0.1:5672,
+//! the Kafka-protocol broker on 127.0.0.1:9092):
 //! a relay draining a backlog into the broker against the bare client publishing the same
 //! payloads with confirmations, and commit-to-consumer latency at a steady rate.
 //!
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
+use outbox_runtime::forward::kafka::{rdkafka, KafkaSink};
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
 use outbox_runtime::forward::{Forward, OutboundMessage, Sink, SinkError};
@@ -26,6 +28,7 @@ use crate::relay::{self, Running};
 
 const NATS: &str = "127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const KAFKA: &str = "127.0.0.1:9092";
 
 /// One backlog row as the bare client publishes it: the same subject or routing key and
 /// payload as the relay's message, under a fresh id (JetStream would drop the relay's ids as
@@ -279,6 +282,116 @@ impl Broker for Rabbit {
         let exchange = self.exchange.as_str().into();
         self.channel.exchange_delete(exchange, ExchangeDeleteOptions::default()).await.unwrap();
         let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+/// Kafka: the topic of the run's own that the backlog's one event type goes to, 3 partitions.
+/// The broker keeps what it was sent, so `purge` counts the records since the last purge.
+pub struct Kafka {
+    config: rdkafka::ClientConfig,
+    topic: String,
+    prefix: String,
+    /// The topic's records at the last purge.
+    purged: Mutex<i64>,
+}
+
+impl Kafka {
+    /// The topic's records: the sum of its partitions' high watermarks.
+    fn records(&self) -> i64 {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = self.config.create().unwrap();
+        let timeout = Duration::from_secs(10);
+        let metadata = consumer.fetch_metadata(Some(&self.topic), timeout).unwrap();
+        let partitions = metadata.topics()[0].partitions().len() as i32;
+        (0..partitions).map(|p| consumer.fetch_watermarks(&self.topic, p, timeout).unwrap().1).sum()
+    }
+}
+
+impl Broker for Kafka {
+    async fn create() -> Self {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", KAFKA);
+        let prefix = format!("bench{}", Uuid::new_v4().simple());
+        let topic = format!("{prefix}.account.account.credited");
+        let admin: AdminClient<_> = config.create().unwrap();
+        let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1));
+        let created = admin.create_topics([&new], &AdminOptions::new()).await;
+        assert!(created.expect("Kafka runs on 127.0.0.1:9092").iter().all(Result::is_ok));
+        Kafka { config, topic, prefix, purged: Mutex::new(0) }
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn sink(&self) -> impl Sink {
+        KafkaSink::new(&self.config).unwrap().topics([self.topic.clone()])
+    }
+
+    async fn publish_bare(&self, messages: &[Payload], window: usize) {
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        // The sink's producer settings: idempotent, acks=all.
+        let producer: FutureProducer = self
+            .config
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()
+            .unwrap();
+        let mut outstanding = VecDeque::with_capacity(window);
+        for message in messages {
+            if outstanding.len() == window {
+                let report: rdkafka::producer::DeliveryFuture = outstanding.pop_front().unwrap();
+                report.await.unwrap().unwrap();
+            }
+            let id = message.id.to_string();
+            let record = FutureRecord::to(&message.destination).key(&id).payload(&message.payload);
+            outstanding.push_back(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+        }
+        for report in outstanding {
+            report.await.unwrap().unwrap();
+        }
+    }
+
+    async fn purge(&self) -> u64 {
+        let records = self.records();
+        let mut purged = self.purged.lock().unwrap();
+        let since = records - std::mem::replace(&mut *purged, records);
+        since as u64
+    }
+
+    async fn consume(&self, arrivals: Arrivals) -> JoinHandle<()> {
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use rdkafka::message::{Headers, Message};
+        let consumer: StreamConsumer = self
+            .config
+            .clone()
+            .set("group.id", format!("bench-{}", Uuid::new_v4().simple()))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()
+            .unwrap();
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in 0..3 {
+            assignment.add_partition_offset(&self.topic, partition, rdkafka::Offset::End).unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        tokio::spawn(async move {
+            loop {
+                let message = consumer.recv().await.unwrap();
+                let headers = message.headers();
+                let id = headers.and_then(|headers| {
+                    let header = headers.iter().find(|h| h.key == "outbox-event-id")?;
+                    std::str::from_utf8(header.value?).ok()?.parse().ok()
+                });
+                arrivals.arrived(id);
+            }
+        })
+    }
+
+    async fn delete(self) {
+        // The broker keeps topics in memory; a run's topic is left, named for the run.
     }
 }
 

@@ -6,12 +6,12 @@
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
 //! and scale workloads and the 200,000-event stale-statistics drain; `--only emit,drain,...`
 //! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
-//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, and those of issue #16
-//! "scale": scale, wal_locks, delete, batch, emit_bare, purge; and types, a backlog over 50
-//! event types against one). Ratios are computed within each
-//! run, then their median is reported. The forwarding workloads need NATS with JetStream on
-//! 127.0.0.1:4222 and RabbitMQ on 127.0.0.1:5672 (guest/guest); they run only when `--only`
-//! names them. Memory and scale run once, whatever `--runs` says: their million-event backlogs
+//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_kafka, and those
+//! of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare, purge; and types, a backlog
+//! over 50 event types against one). Ratios are computed within each run, then their median is
+//! reported. The forwarding workloads need NATS with JetStream on
+//! 127.0.0.1:4222, RabbitMQ on 127.0.0.1:5672 (guest/guest) and a Kafka-protocol broker on
+//! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them. Memory and scale run once, whatever `--runs` says: their million-event backlogs
 //! are expensive to lay down. Scale writes its snapshots (the lease's EXPLAIN ANALYZE, tuple
 //! counts and sizes at the start, middle and end of its big drain, and samples over time) to
 //! `--report PATH`, by default `target/bench-scale-report.txt`.
@@ -287,6 +287,9 @@ async fn main() {
         }
         if args.runs("forward_rabbitmq") {
             forwarding::<forward::Rabbit>(&mut s, "rabbitmq", &args.url, sizes.drain, secs).await;
+        }
+        if args.runs("forward_kafka") {
+            forwarding::<forward::Kafka>(&mut s, "kafka", &args.url, sizes.drain, secs).await;
         }
 
         // 5. history
@@ -680,7 +683,9 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             target(m("deleted/s") >= m("produced/s"), "deleted/s ≥ produced/s"),
         ));
     }
-    for (broker, name) in [("nats", "NATS JetStream"), ("rabbitmq", "RabbitMQ")] {
+    let brokers =
+        [("nats", "NATS JetStream"), ("rabbitmq", "RabbitMQ"), ("kafka", "Kafka (tansu)")];
+    for (broker, name) in brokers {
         let m = |what: &str| s.median(&format!("{broker} {what}"));
         rows.push((
             format!(

@@ -69,17 +69,20 @@ pub enum Command {
     ///
     /// JSON (on exit): {"forwarded": int, "failed": int, "dead": int, "handed_back": int}
     #[command(verbatim_doc_comment)]
-    Forward(ForwardArgs),
+    Forward(Box<ForwardArgs>),
 }
 
 /// Arguments of `outbox forward`.
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
     /// The broker: nats://host:port (JetStream; needs --stream), amqp://user:password@host:port/vhost
-    /// (RabbitMQ; needs --exchange), or redis://host:port (Redis Streams). TLS with tls://,
-    /// amqps:// or rediss://: TLS or no connection, the broker's certificate checked against
-    /// the system's roots (SSL_CERT_FILE or SSL_CERT_DIR to trust others). NATS credentials:
-    /// nats://user:password@host:port, nats://token@host:port, --nats-creds or --nats-nkey
+    /// (RabbitMQ; needs --exchange), redis://host:port (Redis Streams), or
+    /// kafka://host:port[,host:port] (Kafka). TLS with tls://, amqps://, rediss:// or
+    /// kafka+ssl://: TLS or no connection, the broker's certificate checked against the
+    /// system's roots (SSL_CERT_FILE or SSL_CERT_DIR to trust others; --kafka-ca for Kafka).
+    /// NATS credentials: nats://user:password@host:port, nats://token@host:port, --nats-creds
+    /// or --nats-nkey. Kafka SASL: kafka://user:password@host:port (or kafka+ssl://) with
+    /// --kafka-sasl-mechanism
     #[arg(long, env = "OUTBOX_FORWARD_TO", value_name = "URL", hide_env_values = true)]
     pub to: String,
 
@@ -99,16 +102,78 @@ pub struct ForwardArgs {
     #[arg(long, env = "OUTBOX_FORWARD_EXCHANGE", value_name = "NAME")]
     pub exchange: Option<String>,
 
-    /// Where each event goes (NATS subject, RabbitMQ routing key, Redis stream key):
-    /// {aggregate_type}, {event_type}, {aggregate_id}
+    /// Trim each Redis stream to about this many entries as it is appended to (MAXLEN ~)
     #[arg(
         long,
-        visible_alias = "routing-key",
-        env = "OUTBOX_FORWARD_SUBJECT",
-        value_name = "TEMPLATE",
-        default_value = "{aggregate_type}.{event_type}"
+        env = "OUTBOX_FORWARD_REDIS_MAXLEN",
+        value_name = "N",
+        conflicts_with = "redis_max_age"
     )]
-    pub subject: String,
+    pub redis_maxlen: Option<u64>,
+
+    /// Trim each Redis stream to about the entries of this last while, e.g. 7d (MINID ~)
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_REDIS_MAX_AGE",
+        value_name = "DURATION",
+        value_parser = humantime::parse_duration
+    )]
+    pub redis_max_age: Option<Duration>,
+
+    /// A Kafka SASL mechanism for the URL's user and password: PLAIN, SCRAM-SHA-256 or
+    /// SCRAM-SHA-512
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_KAFKA_SASL_MECHANISM",
+        value_name = "MECHANISM",
+        default_value = "SCRAM-SHA-512"
+    )]
+    pub kafka_sasl_mechanism: String,
+
+    /// The CA certificates (PEM) a Kafka broker's certificate is checked against
+    #[arg(long, env = "OUTBOX_FORWARD_KAFKA_CA", value_name = "FILE")]
+    pub kafka_ca: Option<std::path::PathBuf>,
+
+    /// A client certificate (PEM) for Kafka, with --kafka-key
+    #[arg(long, env = "OUTBOX_FORWARD_KAFKA_CERT", value_name = "FILE", requires = "kafka_key")]
+    pub kafka_cert: Option<std::path::PathBuf>,
+
+    /// The client certificate's private key (PEM) for Kafka
+    #[arg(long, env = "OUTBOX_FORWARD_KAFKA_KEY", value_name = "FILE", requires = "kafka_cert")]
+    pub kafka_key: Option<std::path::PathBuf>,
+
+    /// Create the Kafka topics that do not exist, with PARTITIONS:REPLICAS (checked at start: a
+    /// fixed topic, or the topics of --event-type)
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_KAFKA_CREATE_TOPICS",
+        value_name = "PARTITIONS:REPLICAS",
+        value_parser = parse_topic_layout
+    )]
+    pub kafka_create_topics: Option<(i32, i32)>,
+
+    /// Any other librdkafka producer property, as KEY=VALUE (repeat, or comma-separate in the
+    /// environment); the sink's own (idempotence, acks) win
+    #[arg(
+        long,
+        env = "OUTBOX_FORWARD_KAFKA_OPTIONS",
+        value_name = "KEY=VALUE",
+        value_delimiter = ',',
+        value_parser = parse_property
+    )]
+    pub kafka_option: Vec<(String, String)>,
+
+    /// Where each event goes: the NATS subject, RabbitMQ routing key, Redis stream key or Kafka
+    /// topic (--subject, --routing-key, --stream-key and --topic say the same), from
+    /// {aggregate_type}, {event_type} and {aggregate_id}
+    #[arg(
+        long,
+        visible_aliases = ["subject", "routing-key", "stream-key", "topic"],
+        env = "OUTBOX_FORWARD_DESTINATION",
+        value_name = "TEMPLATE",
+        default_value = outbox_runtime::forward::DEFAULT_DESTINATION
+    )]
+    pub destination: String,
 
     /// Forward only this type, as AGGREGATE_TYPE:EVENT_TYPE (repeat, or comma-separate in the
     /// environment); default every type
@@ -159,6 +224,27 @@ fn parse_event_type(value: &str) -> Result<(String, String), String> {
             Ok((aggregate.to_owned(), event.to_owned()))
         }
         _ => Err(format!("expected AGGREGATE_TYPE:EVENT_TYPE, got `{value}`")),
+    }
+}
+
+/// `6:3` -> `(6, 3)`: partitions and replicas of a topic to create.
+fn parse_topic_layout(value: &str) -> Result<(i32, i32), String> {
+    let parsed = value.split_once(':').and_then(|(partitions, replicas)| {
+        Some((partitions.parse::<i32>().ok()?, replicas.parse::<i32>().ok()?))
+    });
+    match parsed {
+        Some((partitions, replicas)) if partitions > 0 && replicas > 0 => {
+            Ok((partitions, replicas))
+        }
+        _ => Err(format!("expected PARTITIONS:REPLICAS, two positive numbers, got `{value}`")),
+    }
+}
+
+/// `linger.ms=5` -> `("linger.ms", "5")`.
+fn parse_property(value: &str) -> Result<(String, String), String> {
+    match value.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got `{value}`")),
     }
 }
 

@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
+use outbox_runtime::forward::kafka::{rdkafka, KafkaSink};
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
-use outbox_runtime::forward::redis::{redis, RedisSink};
+use outbox_runtime::forward::redis::{redis, RedisSink, Trim};
 use outbox_runtime::forward::{Forward, SinkStatus};
 use outbox_runtime::{Relay, RelayCounts, RelayMetrics};
 use sqlx::PgPool;
@@ -24,7 +25,8 @@ pub async fn run(pool: &PgPool, args: &ForwardArgs) -> Result<RelayCounts, Failu
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let mut forward = sink(args).await?.destination(&args.subject).cloudevents(args.cloudevents);
+    let mut forward =
+        sink(args).await?.destination(&args.destination).cloudevents(args.cloudevents);
     if !args.event_type.is_empty() {
         forward = forward.only(args.event_type.clone());
     }
@@ -101,7 +103,8 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
     let at = endpoint(url);
     // A TLS handshake with a server that does not speak it fails in the TLS library's words
     // ("received corrupt message"), or not at all (Redis waits for the rest of a command).
-    let over = if matches!(scheme, "tls" | "amqps" | "rediss") { " over TLS" } else { "" };
+    let over =
+        if matches!(scheme, "tls" | "amqps" | "rediss" | "kafka+ssl") { " over TLS" } else { "" };
     let unreachable = |error: &dyn std::fmt::Display| {
         Failure::Forward(format!("cannot reach the broker at {at}{over}: {error}"))
     };
@@ -138,11 +141,30 @@ async fn sink(args: &ForwardArgs) -> Result<Forward, Failure> {
                 .await
                 .map_err(|e| unreachable(&e))?
                 .map_err(|e| unreachable(&e))?;
-            Ok(Forward::to(RedisSink::new(connection)))
+            let mut sink = RedisSink::new(connection);
+            if let Some(entries) = args.redis_maxlen {
+                sink = sink.trim(Trim::MaxLen(entries));
+            }
+            if let Some(age) = args.redis_max_age {
+                sink = sink.trim(Trim::MaxAge(age));
+            }
+            Ok(Forward::to(sink))
+        }
+        "kafka" | "kafka+ssl" => {
+            // Checked when the relay starts: the brokers answer, and the topics it can name
+            // before seeing a row exist (or are created).
+            let config = kafka_config(url, scheme == "kafka+ssl", args);
+            let mut sink = KafkaSink::new(&config)
+                .map_err(|e| Failure::Forward(e.to_string()))?
+                .topics(known_topics(&args.destination, &args.event_type));
+            if let Some((partitions, replicas)) = args.kafka_create_topics {
+                sink = sink.create_missing_topics(partitions, replicas);
+            }
+            Ok(Forward::to(sink))
         }
         _ => Err(Failure::Forward(format!(
             "cannot forward to `{scheme}://`: expected nats:// or tls:// (NATS), amqp:// or \
-             amqps:// (RabbitMQ), redis:// or rediss:// (Redis)"
+             amqps:// (RabbitMQ), redis:// or rediss:// (Redis), kafka:// or kafka+ssl:// (Kafka)"
         ))),
     }
 }
@@ -182,6 +204,63 @@ async fn nats_options(
             async_nats::ConnectOptions::with_token(percent::decoded(userinfo.unwrap_or(""), false))
         }
     })
+}
+
+/// The Kafka producer's settings: the URL's brokers, TLS (`kafka+ssl://`), SASL when the URL has
+/// a user and password, then `--kafka-option`s.
+fn kafka_config(url: &str, tls: bool, args: &ForwardArgs) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", endpoint(url));
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let userinfo = authority.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    let protocol = match (tls, userinfo.is_some()) {
+        (false, false) => "plaintext",
+        (true, false) => "ssl",
+        (false, true) => "sasl_plaintext",
+        (true, true) => "sasl_ssl",
+    };
+    config.set("security.protocol", protocol);
+    if let Some(userinfo) = userinfo {
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        config
+            .set("sasl.mechanisms", &args.kafka_sasl_mechanism)
+            .set("sasl.username", percent::decoded(user, false))
+            .set("sasl.password", percent::decoded(password, false));
+    }
+    let files = [
+        ("ssl.ca.location", &args.kafka_ca),
+        ("ssl.certificate.location", &args.kafka_cert),
+        ("ssl.key.location", &args.kafka_key),
+    ];
+    for (property, file) in files {
+        if let Some(file) = file {
+            config.set(property, file.display().to_string());
+        }
+    }
+    for (key, value) in &args.kafka_option {
+        config.set(key, value);
+    }
+    config
+}
+
+/// The topics a destination template names before any row is read: itself when it has no
+/// placeholder, or one per `--event-type` when it names no aggregate id; else none.
+fn known_topics(template: &str, event_types: &[(String, String)]) -> Vec<String> {
+    if !template.contains('{') {
+        return vec![template.to_owned()];
+    }
+    if template.contains("{aggregate_id}") {
+        return Vec::new();
+    }
+    let mut topics: Vec<String> = event_types
+        .iter()
+        .map(|(aggregate_type, event_type)| {
+            template.replace("{aggregate_type}", aggregate_type).replace("{event_type}", event_type)
+        })
+        .collect();
+    topics.dedup();
+    topics
 }
 
 /// `host:port` of a broker URL, without scheme, credentials or path.

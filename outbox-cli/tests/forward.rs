@@ -10,6 +10,9 @@ use uuid::Uuid;
 
 #[path = "../../tests/support/db.rs"]
 mod db;
+#[path = "../../tests/support/kafka.rs"]
+#[allow(dead_code)]
+mod kafka;
 #[path = "../../tests/support/nats.rs"]
 #[allow(dead_code)] // the workspace tests use the rest
 mod nats;
@@ -80,7 +83,7 @@ async fn forward_publishes_until_sigterm_and_prints_what_it_did(pool: PgPool) {
         &[
             ("OUTBOX_FORWARD_TO", "nats://127.0.0.1:4222"),
             ("OUTBOX_FORWARD_STREAM", &stream.name),
-            ("OUTBOX_FORWARD_SUBJECT", &subject),
+            ("OUTBOX_FORWARD_DESTINATION", &subject),
             ("OUTBOX_FORWARD_EVENT_TYPES", "order:order.placed"),
             ("OUTBOX_FORWARD_METRICS_ADDR", &metrics_addr),
         ],
@@ -182,7 +185,7 @@ async fn forward_publishes_to_a_rabbitmq_exchange(pool: PgPool) {
         &[
             ("OUTBOX_FORWARD_TO", rabbitmq::AMQP),
             ("OUTBOX_FORWARD_EXCHANGE", &exchange.name),
-            ("OUTBOX_FORWARD_SUBJECT", &routing_key),
+            ("OUTBOX_FORWARD_DESTINATION", &routing_key),
         ],
         5,
     )
@@ -208,7 +211,7 @@ async fn forward_appends_to_redis_streams(pool: PgPool) {
     let key = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
     let summary = forward_all(
         &pool,
-        &[("OUTBOX_FORWARD_TO", redis_streams::REDIS), ("OUTBOX_FORWARD_SUBJECT", &key)],
+        &[("OUTBOX_FORWARD_TO", redis_streams::REDIS), ("OUTBOX_FORWARD_DESTINATION", &key)],
         5,
     )
     .await;
@@ -222,6 +225,62 @@ async fn forward_appends_to_redis_streams(pool: PgPool) {
     let mut ids = ids;
     ids.sort();
     assert_eq!(received, ids, "every event once, with its id field");
+}
+
+/// `--to kafka://`: the topic named by `--topic` is created at start (`--kafka-create-topics`),
+/// and each event arrives once, keyed by its aggregate id.
+#[sqlx::test(migrations = false)]
+async fn forward_produces_to_kafka_and_creates_the_topic(pool: PgPool) {
+    migrated(&pool).await;
+    let topics = kafka::Topics::new();
+    let topic = format!("{}.orders", topics.prefix);
+    let events: Vec<OrderPlaced> = (0..5).map(|order_id| OrderPlaced { order_id }).collect();
+    let mut ids = emit_committed(&pool, &events).await;
+    let to = format!("kafka://{}", kafka::KAFKA);
+    let summary = forward_all(
+        &pool,
+        &[
+            ("OUTBOX_FORWARD_TO", &to),
+            ("OUTBOX_FORWARD_DESTINATION", &topic),
+            ("OUTBOX_FORWARD_KAFKA_CREATE_TOPICS", "2:1"),
+            ("OUTBOX_FORWARD_KAFKA_OPTIONS", "linger.ms=1,client.id=outbox-cli-test"),
+        ],
+        5,
+    )
+    .await;
+    assert_eq!(summary["forwarded"], 5);
+    let records = topics.records(&topic, 5).await;
+    let mut received: Vec<Uuid> =
+        records.iter().map(|r| r.header("outbox-event-id").unwrap().parse().unwrap()).collect();
+    received.sort();
+    ids.sort();
+    assert_eq!(received, ids, "every event once, with its id as outbox-event-id");
+    for record in &records {
+        assert_eq!(record.key, record.payload["order_id"].to_string(), "keyed by aggregate id");
+    }
+}
+
+/// A topic that does not exist, without `--kafka-create-topics`, stops the daemon at start
+/// naming it; a broker that does not answer names its address.
+#[sqlx::test(migrations = false)]
+async fn forward_refuses_a_missing_kafka_topic_and_an_unreachable_broker(pool: PgPool) {
+    migrated(&pool).await;
+    let topics = kafka::Topics::new();
+    let topic = format!("{}.missing", topics.prefix);
+    let to = format!("kafka://{}", kafka::KAFKA);
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_DESTINATION", &topic)];
+    let output = forward(&pool, &env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("{topic}: no such topic")), "{stderr}");
+
+    let nobody = free_address();
+    let to = format!("kafka://{nobody}");
+    let env = [("OUTBOX_FORWARD_TO", to.as_str()), ("OUTBOX_FORWARD_DESTINATION", "orders")];
+    let output = forward(&pool, &env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("kafka brokers {nobody}")), "{stderr}");
 }
 
 /// A redis-server of the test's own that speaks TLS only, on a free port, with a certificate
@@ -287,9 +346,10 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
         .await;
 
     // The test's CA is not among the system's roots: refused, and nothing sent in the clear.
-    let output = forward(&pool, &[("OUTBOX_FORWARD_TO", &url), ("OUTBOX_FORWARD_SUBJECT", &key)])
-        .wait_with_output()
-        .unwrap();
+    let output =
+        forward(&pool, &[("OUTBOX_FORWARD_TO", &url), ("OUTBOX_FORWARD_DESTINATION", &key)])
+            .wait_with_output()
+            .unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     let at = format!("cannot reach the broker at 127.0.0.1:{} over TLS: ", redis.port);
@@ -299,10 +359,97 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
 
     // Trusted through SSL_CERT_FILE, as any system root would be.
     let ca = certs.ca().display().to_string();
-    let env = [("OUTBOX_FORWARD_TO", url.as_str()), ("OUTBOX_FORWARD_SUBJECT", &key)];
+    let env = [("OUTBOX_FORWARD_TO", url.as_str()), ("OUTBOX_FORWARD_DESTINATION", &key)];
     let summary = forward_all(&pool, &[&env[..], &[("SSL_CERT_FILE", &ca)]].concat(), 3).await;
     assert_eq!(summary["forwarded"], 3);
     assert_eq!(redis.xlen(&certs.ca(), &key).await, 3);
+}
+
+/// A Kafka-protocol broker of the test's own that speaks TLS only, with a certificate of
+/// `certs`: tansu (in memory; its own TLS does not start in 0.6.0) behind `socat` terminating
+/// TLS, tansu advertising socat's address so that clients come back through it. Both killed
+/// when dropped.
+struct TlsKafka {
+    addr: String,
+    processes: [Child; 2],
+}
+
+impl TlsKafka {
+    async fn start(certs: &certs::Certs) -> TlsKafka {
+        let (addr, plain) = (free_address(), free_address());
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        let broker = Command::new("tansu")
+            .args(["broker", "--listener-url", &format!("tcp://{plain}")])
+            .args(["--advertised-listener-url", &format!("tcp://{addr}")])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tansu runs (scripts/services-up installs it)");
+        let port = addr.rsplit_once(':').unwrap().1;
+        let listen = format!(
+            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
+            path(certs.server_cert()),
+            path(certs.server_key())
+        );
+        let terminator = Command::new("socat")
+            .args([listen, format!("TCP:{plain}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat runs (scripts/services-up installs it)");
+        let kafka = TlsKafka { addr, processes: [broker, terminator] };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(&kafka.addr).await.is_ok() {
+                return kafka;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the TLS Kafka broker does not listen on {} after 10 s", kafka.addr);
+    }
+}
+
+impl Drop for TlsKafka {
+    fn drop(&mut self) {
+        for process in &mut self.processes {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
+/// `kafka+ssl://` is TLS or no connection: a certificate that no trusted CA signed stops the
+/// daemon at start naming the brokers; `--kafka-ca` trusts the test's CA and the events go out;
+/// `kafka://` to the TLS port never gets through in plain text.
+#[sqlx::test(migrations = false)]
+async fn forward_produces_to_kafka_over_tls_and_checks_the_certificate(pool: PgPool) {
+    migrated(&pool).await;
+    let certs = certs::Certs::generate();
+    let kafka = TlsKafka::start(&certs).await;
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+    let topic = format!("outbox-tls-{}", Uuid::new_v4().simple());
+    let over_tls = format!("kafka+ssl://{}", kafka.addr);
+    let env = [
+        ("OUTBOX_FORWARD_TO", over_tls.as_str()),
+        ("OUTBOX_FORWARD_DESTINATION", &topic),
+        ("OUTBOX_FORWARD_KAFKA_CREATE_TOPICS", "1:1"),
+    ];
+
+    let plain = format!("kafka://{}", kafka.addr);
+    let plain_env = [("OUTBOX_FORWARD_TO", plain.as_str()), env[1], env[2]];
+    for refused in [&env[..], &plain_env[..]] {
+        let output = forward(&pool, refused).wait_with_output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("kafka brokers {}", kafka.addr)), "{stderr}");
+        assert_eq!(published(&pool).await, 0);
+    }
+
+    let ca = certs.ca().display().to_string();
+    let summary =
+        forward_all(&pool, &[&env[..], &[("OUTBOX_FORWARD_KAFKA_CA", &ca)]].concat(), 3).await;
+    assert_eq!(summary["forwarded"], 3);
 }
 
 #[sqlx::test(migrations = false)]

@@ -25,13 +25,14 @@
 //! | `HANDLER_SLEEP_MS` | 0 | how long each delivery takes before it is recorded |
 //! | `HANDLER_TRANSACTIONAL` | 0 | 1: a transactional handler records each delivery in the acknowledgement's transaction |
 //! | `RELAY_DELETE_ON_PUBLISH` | 0 | 1: delivered rows are deleted by their acknowledgement |
-//! | `FORWARD_TO` | unset | forward instead of handling: `nats` (JetStream stream `FORWARD_STREAM` on 127.0.0.1:4222), `rabbitmq` (exchange `FORWARD_EXCHANGE` on 127.0.0.1:5672) or `redis` (127.0.0.1:6379), to destinations `<FORWARD_PREFIX>.<aggregate type>.<event type>` |
+//! | `FORWARD_TO` | unset | forward instead of handling: `nats` (JetStream stream `FORWARD_STREAM` on 127.0.0.1:4222), `rabbitmq` (exchange `FORWARD_EXCHANGE` on 127.0.0.1:5672), `redis` (127.0.0.1:6379) or `kafka` (127.0.0.1:9092, topic `<FORWARD_PREFIX>.job.job.run`, created with 3 partitions), to destinations `<FORWARD_PREFIX>.<aggregate type>.<event type>` |
 //! | `RELAY_LOG` | `warn` | what the relay logs to stderr (a `tracing` filter) |
 
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
+use outbox_runtime::forward::kafka::{rdkafka, KafkaSink};
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
 use outbox_runtime::forward::redis::{redis, RedisSink};
@@ -68,7 +69,7 @@ impl Worker {
     /// Whether this attempt fails: always for poisoned jobs, else for `fail_percent` of the
     /// `(event id, attempt)` pairs, the same ones in every process and every run.
     fn fails(&self, ctx: &EventContext<Self>, job: &JobRun) -> bool {
-        if self.poison_every > 0 && job.n % self.poison_every == 0 {
+        if self.poison_every > 0 && job.n.is_multiple_of(self.poison_every) {
             return true;
         }
         let id = ctx.event_id().as_u128();
@@ -199,7 +200,7 @@ async fn relay() -> Result<(), String> {
     let builder = if let Ok(broker) = std::env::var("FORWARD_TO") {
         let prefix = std::env::var("FORWARD_PREFIX").unwrap_or_else(|_| "outbox".to_owned());
         let destination = format!("{prefix}.{{aggregate_type}}.{{event_type}}");
-        builder.forward(forward_to(&broker).await?.destination(&destination))
+        builder.forward(forward_to(&broker, &prefix).await?.destination(&destination))
     } else if setting("HANDLER_TRANSACTIONAL", 0)? == 1 {
         builder.handler(run_job_in_transaction)
     } else {
@@ -229,8 +230,8 @@ async fn relay() -> Result<(), String> {
     Ok(())
 }
 
-/// The sink `FORWARD_TO` names.
-async fn forward_to(broker: &str) -> Result<Forward, String> {
+/// The sink `FORWARD_TO` names, for destinations under `prefix`.
+async fn forward_to(broker: &str, prefix: &str) -> Result<Forward, String> {
     let name =
         |variable: &str| std::env::var(variable).map_err(|_| format!("{variable} is not set"));
     let unreachable = |error: &dyn std::fmt::Display| format!("cannot reach {broker}: {error}");
@@ -252,6 +253,14 @@ async fn forward_to(broker: &str) -> Result<Forward, String> {
                 redis::aio::ConnectionManager::new(client).await.map_err(|e| unreachable(&e))?;
             Forward::to(RedisSink::new(connection))
         }
-        other => return Err(format!("FORWARD_TO={other:?}: expected nats, rabbitmq or redis")),
+        "kafka" => {
+            let mut config = rdkafka::ClientConfig::new();
+            config.set("bootstrap.servers", "127.0.0.1:9092");
+            let sink = KafkaSink::new(&config).map_err(|e| unreachable(&e))?;
+            Forward::to(sink.topics([format!("{prefix}.job.job.run")]).create_missing_topics(3, 1))
+        }
+        other => {
+            return Err(format!("FORWARD_TO={other:?}: expected nats, rabbitmq, redis or kafka"))
+        }
     })
 }

@@ -4,6 +4,7 @@
 pub mod accounts;
 mod db;
 pub mod forwarding;
+pub mod kafka;
 pub mod nats;
 pub mod pgbouncer;
 pub mod proxy;

@@ -7,9 +7,9 @@
 //!
 //! | message | from the row |
 //! |---|---|
-//! | destination (NATS subject, routing key, stream key) | [`Forward::destination`] template, default `{aggregate_type}.{event_type}` |
+//! | destination (NATS subject, routing key, stream key, Kafka topic) | [`Forward::destination`] template, default `{event_type}` |
 //! | message id (NATS `Nats-Msg-Id`, for the broker's deduplication; AMQP `message_id`; Redis field `id`) | `event_id` |
-//! | partition / ordering key | `aggregate_id` |
+//! | partition / ordering key (the Kafka record key) | `aggregate_id` |
 //! | headers `outbox-event-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-aggregate-id`, `outbox-created-at` (RFC 3339), `outbox-event-version` | the row's columns |
 //! | the emit headers, `traceparent` among them | `headers`, strings as they are, other JSON values as JSON text |
 //! | content type | `application/json` |
@@ -22,11 +22,10 @@
 //!
 //! The payload is forwarded as stored, at the version it was written: a forwarding relay does
 //! not upcast, and consumers read the version from its header.
-//!
-//! A Kafka sink is a small addition on this trait: the message's `key` (the aggregate id) is the
-//! record key, so one aggregate stays on one partition, and its id a header.
 
 mod health;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -148,7 +147,8 @@ pub trait Sink: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Forward {
     pub(crate) sink: Arc<dyn Sink>,
-    pub(crate) destination: Template,
+    /// Or what is wrong with it (a placeholder no row field fills), for the relay's `build`.
+    pub(crate) destination: Result<Template, String>,
     pub(crate) cloudevents: bool,
     /// `None`: every event type no handler takes.
     pub(crate) event_types: Option<Vec<(String, String)>>,
@@ -159,16 +159,19 @@ impl Forward {
     pub fn to(sink: impl Sink) -> Self {
         Forward {
             sink: Arc::new(sink),
-            destination: Template::parse("{aggregate_type}.{event_type}"),
+            destination: Template::destination(DEFAULT_DESTINATION),
             cloudevents: false,
             event_types: None,
         }
     }
 
     /// The destination template: `{aggregate_type}`, `{event_type}` and `{aggregate_id}` are
-    /// replaced by the row's values. Default `{aggregate_type}.{event_type}`.
+    /// replaced by the row's values; any other `{...}` makes the relay's `build` fail
+    /// ([`BuildError::InvalidDestination`](crate::BuildError::InvalidDestination)). Default
+    /// `{event_type}` (event types are namespaced by their aggregate already, as in
+    /// `order.placed`).
     pub fn destination(mut self, template: &str) -> Self {
-        self.destination = Template::parse(template);
+        self.destination = Template::destination(template);
         self
     }
 
@@ -189,6 +192,9 @@ impl Forward {
     }
 }
 
+/// Where a message goes unless [`Forward::destination`] says otherwise.
+pub const DEFAULT_DESTINATION: &str = "{event_type}";
+
 /// A destination template, parsed once.
 #[derive(Debug, Clone)]
 pub(crate) struct Template(Vec<Part>);
@@ -202,33 +208,31 @@ enum Part {
 }
 
 impl Template {
-    fn parse(template: &str) -> Self {
+    /// [`parse`](Self::parse), with what a [`BuildError`](crate::BuildError) says of a bad one.
+    fn destination(template: &str) -> Result<Self, String> {
+        Template::parse(template).map_err(|placeholder| format!("`{placeholder}` in `{template}`"))
+    }
+
+    /// The template's parts, or the first `{...}` that names no row field (an opening brace
+    /// without a closing one is text).
+    fn parse(template: &str) -> Result<Self, String> {
         let mut parts = Vec::new();
         let mut rest = template;
         while let Some(start) = rest.find('{') {
             let (text, tail) = rest.split_at(start);
-            let field = tail.find('}').map(|end| (&tail[1..end], &tail[end + 1..]));
-            let part = match field {
-                Some(("aggregate_type", after)) => Some((Part::AggregateType, after)),
-                Some(("event_type", after)) => Some((Part::EventType, after)),
-                Some(("aggregate_id", after)) => Some((Part::AggregateId, after)),
-                _ => None,
+            let Some(end) = tail.find('}') else { break };
+            let part = match &tail[1..end] {
+                "aggregate_type" => Part::AggregateType,
+                "event_type" => Part::EventType,
+                "aggregate_id" => Part::AggregateId,
+                _ => return Err(tail[..=end].to_owned()),
             };
-            match part {
-                Some((part, after)) => {
-                    parts.push(Part::Text(text.to_owned()));
-                    parts.push(part);
-                    rest = after;
-                }
-                None => {
-                    // Not a field: the brace is text.
-                    parts.push(Part::Text(format!("{text}{{")));
-                    rest = &tail[1..];
-                }
-            }
+            parts.push(Part::Text(text.to_owned()));
+            parts.push(part);
+            rest = &tail[end + 1..];
         }
         parts.push(Part::Text(rest.to_owned()));
-        Template(parts)
+        Ok(Template(parts))
     }
 
     pub(crate) fn render(
@@ -256,8 +260,17 @@ mod tests {
     #[test]
     fn templates_replace_the_row_fields_and_keep_other_text() {
         let template = Template::parse("outbox.{aggregate_type}.{event_type}.{aggregate_id}");
-        assert_eq!(template.render("order", "order.placed", "7"), "outbox.order.order.placed.7");
-        let odd = Template::parse("{unknown}.{event_type}{");
-        assert_eq!(odd.render("order", "order.placed", "7"), "{unknown}.order.placed{");
+        let rendered = template.unwrap().render("order", "order.placed", "7");
+        assert_eq!(rendered, "outbox.order.order.placed.7");
+        let open = Template::parse("{event_type}.{").unwrap();
+        assert_eq!(open.render("order", "order.placed", "7"), "order.placed.{");
+        let default = Template::parse(DEFAULT_DESTINATION).unwrap();
+        assert_eq!(default.render("order", "order.placed", "7"), "order.placed");
+    }
+
+    #[test]
+    fn a_placeholder_no_field_fills_is_refused() {
+        assert_eq!(Template::parse("{aggregate}.{event_type}").unwrap_err(), "{aggregate}");
+        assert_eq!(Template::parse("events.{}").unwrap_err(), "{}");
     }
 }

@@ -22,6 +22,10 @@
 //! [unavailable](crate::forward::SinkErrorKind::Unavailable): the relay pauses and appends the
 //! entry again once the server answers.
 //!
+//! Streams grow until trimmed: [`RedisSink::trim`] has each `XADD` trim its stream to about a
+//! length (`MAXLEN ~`) or an age (`MINID ~`, entry ids being milliseconds), the `~` letting Redis
+//! trim whole nodes only, which costs next to nothing.
+//!
 //! Redis has no broker-side deduplication: after a relay crash between Redis's reply and the
 //! row's acknowledgement an entry can be appended twice, and consumers deduplicate by the `id`
 //! field.
@@ -39,12 +43,29 @@ use crate::forward::{OutboundMessage, Sink, SinkError};
 /// Appends to Redis streams, one stream key per destination.
 pub struct RedisSink {
     connection: ConnectionManager,
+    trim: Option<Trim>,
+}
+
+/// How far each append trims its stream (see [`RedisSink::trim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Trim {
+    /// Keep about this many entries (`MAXLEN ~ n`): at least that many, a node's worth more at most.
+    MaxLen(u64),
+    /// Keep about the entries appended within this long (`MINID ~ <now - age>`).
+    MaxAge(std::time::Duration),
 }
 
 impl RedisSink {
     /// A sink on `connection`, which reconnects by itself after a dropped connection.
     pub fn new(connection: ConnectionManager) -> Self {
-        RedisSink { connection }
+        RedisSink { connection, trim: None }
+    }
+
+    /// Trims every stream it appends to, in the same `XADD`. Default: no trimming.
+    pub fn trim(mut self, trim: Trim) -> Self {
+        self.trim = Some(trim);
+        self
     }
 }
 
@@ -65,8 +86,19 @@ impl Sink for RedisSink {
         Box::pin(async move {
             let mut pipe = ::redis::pipe();
             pipe.ignore_errors();
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            let now_ms = now.map_or(0, |since| since.as_millis());
             for message in batch {
-                let command = pipe.cmd("XADD").arg(&message.destination).arg("*");
+                let command = pipe.cmd("XADD").arg(&message.destination);
+                match self.trim {
+                    Some(Trim::MaxLen(entries)) => command.arg("MAXLEN").arg("~").arg(entries),
+                    Some(Trim::MaxAge(age)) => {
+                        let min_id = now_ms.saturating_sub(age.as_millis());
+                        command.arg("MINID").arg("~").arg(min_id.to_string())
+                    }
+                    None => command,
+                };
+                let command = command.arg("*");
                 command.arg("id").arg(message.id.to_string()).arg("key").arg(&message.key);
                 command.arg("content-type").arg(message.content_type);
                 for (name, value) in &message.headers {

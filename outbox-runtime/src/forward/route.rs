@@ -10,7 +10,7 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::error::BoxError;
 use crate::forward::{
-    Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth, CONFIRM_TIMEOUT,
+    Forward, OutboundMessage, Sink, SinkError, SinkErrorKind, SinkHealth, Template, CONFIRM_TIMEOUT,
 };
 use crate::relay::RowMeta;
 
@@ -21,6 +21,8 @@ type Pending = (OutboundMessage, oneshot::Sender<Result<(), SinkError>>);
 
 pub(crate) struct ForwardRoute {
     forward: Forward,
+    /// The forward's destination, checked by the relay's `build`.
+    destination: Template,
     health: Arc<SinkHealth>,
     /// The batcher's inbox, started with the first delivery (on the relay's runtime), and the
     /// batcher itself, stopped with the route (when the relay's run ends), its publishes with it.
@@ -36,8 +38,8 @@ impl Drop for ForwardRoute {
 }
 
 impl ForwardRoute {
-    pub(crate) fn new(forward: Forward, health: Arc<SinkHealth>) -> Self {
-        ForwardRoute { forward, health, batcher: OnceLock::new() }
+    pub(crate) fn new(forward: Forward, destination: Template, health: Arc<SinkHealth>) -> Self {
+        ForwardRoute { forward, destination, health, batcher: OnceLock::new() }
     }
 
     fn batcher(&self) -> &mpsc::UnboundedSender<Pending> {
@@ -53,8 +55,7 @@ impl ForwardRoute {
     fn message(&self, meta: &RowMeta, payload: &str) -> OutboundMessage {
         let (aggregate_type, event_type) = (meta.aggregate_type.as_str(), meta.event_type.as_str());
         let created_at = meta.created_at.to_rfc3339();
-        let destination =
-            self.forward.destination.render(aggregate_type, event_type, &meta.aggregate_id);
+        let destination = self.destination.render(aggregate_type, event_type, &meta.aggregate_id);
         let mut headers: Vec<(String, String)> = if self.forward.cloudevents {
             vec![
                 ("ce-id".into(), meta.event_id.to_string()),

@@ -4,7 +4,7 @@
 //! With the feature, `emit` stores the OpenTelemetry context of the caller's current `tracing`
 //! span as W3C `traceparent` and `tracestate` headers (module `headers`), and each delivery's span
 //! follows OpenTelemetry's messaging semantic conventions: a `consumer` span named
-//! `process {aggregate_type}.{event_type}`, the destination forwarding uses by default. The
+//! `process {aggregate_type}.{event_type}`. The
 //! stored context is the parent of the first attempt's span and only a link from a retry's, as
 //! the conventions recommend for redeliveries: a retry minutes later is its own unit of work,
 //! and parenting it would stretch the emitter's trace over every backoff.

@@ -102,6 +102,12 @@ pub enum BuildError {
     /// A setting is out of range.
     #[error("invalid relay setting: {0}")]
     InvalidSetting(&'static str),
+    /// A forwarding destination template names a placeholder no row field fills.
+    #[error(
+        "invalid forwarding destination: {0} is not a placeholder; use {{aggregate_type}}, \
+         {{event_type}} or {{aggregate_id}}"
+    )]
+    InvalidDestination(String),
 }
 
 impl Relay<()> {
@@ -427,11 +433,15 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             .as_ref()
             .map(|forward| Forwarding { sink: forward.sink.clone(), health: SinkHealth::new() });
         let forwarded = self.forward.as_ref().map(|forward| forward.event_types.clone());
-        let fallback = self.forward.zip(forwarding.as_ref()).map(|(forward, forwarding)| {
-            let route: Arc<dyn Route<S>> =
-                Arc::new(ForwardRoute::new(forward, forwarding.health.clone()));
-            route
-        });
+        let fallback = match self.forward.zip(forwarding.as_ref()) {
+            Some((forward, forwarding)) => {
+                let destination =
+                    forward.destination.clone().map_err(BuildError::InvalidDestination)?;
+                let route = ForwardRoute::new(forward, destination, forwarding.health.clone());
+                Some(Arc::new(route) as Arc<dyn Route<S>>)
+            }
+            None => None,
+        };
         // Rows newer than a handler reads stay for newer relays, unless they are to fail.
         let mut types = TypeVersions::default();
         for (&(aggregate_type, name), &(event_type, _)) in &handled {
