@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_runtime::forward::{nats::NatsSink, Forward, SinkStatus};
-use outbox_runtime::{Backoff, BuildError, Error, EventContext, Relay};
+use outbox_runtime::{BuildError, Error, EventContext, Relay};
 use sqlx::PgPool;
 use support::forwarding::{
-    assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
+    a_message_too_large, assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
     forward_ordered_through_failures, forward_until_published, Away, TRACEPARENT,
 };
 use support::nats::Stream;
@@ -138,26 +138,7 @@ async fn ordered_events_arrive_in_emit_order_while_the_sink_fails_at_random(pool
 async fn a_message_too_large_fails_alone_and_names_the_cause(pool: PgPool) {
     migrated(&pool).await;
     let stream = Stream::create(Duration::from_secs(120)).await;
-    let large = CustomerRenamed { customer_id: 1, name: "x".repeat(2 * 1024 * 1024) };
-    let mut tx = pool.begin().await.unwrap();
-    let large_id = outbox_runtime::emit(&mut tx, &large).await.unwrap();
-    tx.commit().await.unwrap();
-    let small = emit_committed(&pool, &[placed(1), placed(2)]).await;
-    let slow_retry =
-        Backoff { base: Duration::from_secs(60), cap: Duration::from_secs(60), jitter: false };
-    let relay = Running::start(forwarding(&pool, &stream).backoff(slow_retry));
-    for id in &small {
-        until_published(&pool, *id).await;
-    }
-    eventually("the large event's failure is recorded", || async {
-        row_state(&pool, large_id).await.attempts == 1
-    })
-    .await;
-    relay.stop().await;
-
-    let row = row_state(&pool, large_id).await;
-    assert!(!row.published && !row.dead, "kept, to retry or to inspect");
-    let error = row.last_error.unwrap();
+    let error = a_message_too_large(&pool, forwarding(&pool, &stream)).await;
     let subject = format!("{}.customer.customer.renamed", stream.prefix);
     assert!(error.starts_with(&format!("{subject}: ")), "{error}");
     assert!(error.to_lowercase().contains("payload"), "the cause is named: {error}");

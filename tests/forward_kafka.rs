@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use outbox_runtime::forward::kafka::KafkaSink;
 use outbox_runtime::forward::Forward;
-use outbox_runtime::{Backoff, Error, Relay};
+use outbox_runtime::{Error, Relay};
 use sqlx::PgPool;
 use support::forwarding::{
-    assert_in_emit_order, emit_two_and_roll_back_one, forward_ordered_through_failures,
-    forward_until_published, ORDERED_ACCOUNTS, TRACEPARENT,
+    a_message_too_large, assert_in_emit_order, emit_two_and_roll_back_one,
+    forward_ordered_through_failures, forward_until_published, ORDERED_ACCOUNTS, TRACEPARENT,
 };
 use support::kafka::{Record, Topics};
 use support::*;
@@ -83,31 +83,12 @@ async fn a_record_too_large_fails_alone_naming_topic_and_cause(pool: PgPool) {
     migrated(&pool).await;
     let topics = Topics::new();
     let renamed = format!("{}.customer.customer.renamed", topics.prefix);
-    let placed_to = placed_topic(&topics);
-    let large = CustomerRenamed { customer_id: 1, name: "x".repeat(2 * 1024 * 1024) };
-    let mut tx = pool.begin().await.unwrap();
-    let large_id = outbox_runtime::emit(&mut tx, &large).await.unwrap();
-    tx.commit().await.unwrap();
-    let small = emit_committed(&pool, &[placed(1), placed(2)]).await;
-    let sink = topics.sink(&[renamed.clone(), placed_to.clone()]);
-    let slow_retry =
-        Backoff { base: Duration::from_secs(60), cap: Duration::from_secs(60), jitter: false };
-    let relay = Running::start(forwarding(&pool, sink, &topics).backoff(slow_retry));
-    for id in &small {
-        until_published(&pool, *id).await;
-    }
-    eventually("the large event's failure is recorded", || async {
-        row_state(&pool, large_id).await.attempts == 1
-    })
-    .await;
-    relay.stop().await;
-
-    let row = row_state(&pool, large_id).await;
-    assert!(!row.published && !row.dead, "kept, to retry or to inspect");
-    let error = row.last_error.unwrap();
+    let placed = placed_topic(&topics);
+    let sink = topics.sink(&[renamed.clone(), placed.clone()]);
+    let error = a_message_too_large(&pool, forwarding(&pool, sink, &topics)).await;
     assert!(error.starts_with(&format!("{renamed}: ")), "{error}");
     assert!(error.to_lowercase().contains("too large"), "the cause is named: {error}");
-    assert_eq!(topics.records(&placed_to, 2).await.len(), 2, "the others went through");
+    assert_eq!(topics.records(&placed, 2).await.len(), 2, "the others went through");
 }
 
 /// A topic the sink checks at start that does not exist stops the relay, naming it, unless the

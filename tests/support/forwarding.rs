@@ -220,3 +220,40 @@ pub async fn first_failure(
     assert!(!row.published && !row.dead, "still pending, to retry");
     row.last_error.expect("the failure is kept")
 }
+
+/// Emits one 2 MiB `customer.renamed` event (over every broker's default limit) and two small
+/// `order.placed` ones, forwards them with `builder` (retries a minute away) until the small ones
+/// are published and the large one's first failure is recorded; asserts it is kept pending and
+/// returns its `last_error`.
+pub async fn a_message_too_large(
+    pool: &sqlx::PgPool,
+    builder: outbox_runtime::RelayBuilder,
+) -> String {
+    use std::time::Duration;
+
+    use outbox_runtime::Backoff;
+
+    use super::{
+        emit_committed, eventually, placed, row_state, until_published, CustomerRenamed, Running,
+    };
+
+    let large = CustomerRenamed { customer_id: 1, name: "x".repeat(2 * 1024 * 1024) };
+    let mut tx = pool.begin().await.unwrap();
+    let large_id = outbox_runtime::emit(&mut tx, &large).await.unwrap();
+    tx.commit().await.unwrap();
+    let small = emit_committed(pool, &[placed(1), placed(2)]).await;
+    let minute = Duration::from_secs(60);
+    let relay =
+        Running::start(builder.backoff(Backoff { base: minute, cap: minute, jitter: false }));
+    for id in &small {
+        until_published(pool, *id).await;
+    }
+    eventually("the large event's failure is recorded", || async {
+        row_state(pool, large_id).await.attempts == 1
+    })
+    .await;
+    relay.stop().await;
+    let row = row_state(pool, large_id).await;
+    assert!(!row.published && !row.dead, "kept, to retry or to inspect");
+    row.last_error.expect("the failure is kept")
+}
