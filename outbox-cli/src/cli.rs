@@ -77,8 +77,8 @@ pub enum Command {
 pub struct ForwardArgs {
     /// The broker: nats://host:port (JetStream; needs --stream), amqp://user:password@host:port/vhost
     /// (RabbitMQ; needs --exchange), redis://host:port (Redis Streams), or
-    /// kafka://host:port[,host:port] (Kafka). TLS with tls://, amqps://, rediss:// or
-    /// kafka+ssl://: TLS or no connection, the broker's certificate checked against the
+    /// kafka://host:port,host:port (Kafka, one broker or more). TLS with tls://, amqps://,
+    /// rediss:// or kafka+ssl://: TLS or no connection, the broker's certificate checked against the
     /// system's roots (SSL_CERT_FILE or SSL_CERT_DIR to trust others; --kafka-ca for Kafka).
     /// NATS credentials: nats://user:password@host:port, nats://token@host:port, --nats-creds
     /// or --nats-nkey. Kafka SASL: kafka://user:password@host:port (or kafka+ssl://) with
