@@ -365,6 +365,116 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
     assert_eq!(redis.xlen(&certs.ca(), &key).await, 3);
 }
 
+/// A nats-server of the test's own with JetStream that speaks TLS only, with a certificate of
+/// `certs` (its streams stored in their directory), and takes the user `outbox` with the
+/// password `s3cret`; killed when dropped.
+struct TlsNats {
+    addr: String,
+    process: Child,
+}
+
+impl TlsNats {
+    const USER: &str = "outbox";
+    const PASSWORD: &str = "s3cret";
+
+    async fn start(certs: &certs::Certs) -> TlsNats {
+        let addr = free_address();
+        let (host, port) = addr.rsplit_once(':').unwrap();
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        let process = Command::new("nats-server")
+            .args(["-a", host, "-p", port, "-js", "-sd", &path(certs.dir().join("jetstream"))])
+            .args(["--tls", "--tlscert", &path(certs.server_cert())])
+            .args(["--tlskey", &path(certs.server_key())])
+            .args(["--user", TlsNats::USER, "--pass", TlsNats::PASSWORD])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server runs (scripts/services-up installs it)");
+        let nats = TlsNats { addr, process };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(&nats.addr).await.is_ok() {
+                return nats;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the TLS nats-server does not listen on {} after 10 s", nats.addr);
+    }
+
+    /// A client over TLS trusting `certs`' CA, with the user and password.
+    async fn client(&self, certs: &certs::Certs) -> async_nats::Client {
+        async_nats::ConnectOptions::with_user_and_password(
+            TlsNats::USER.into(),
+            TlsNats::PASSWORD.into(),
+        )
+        .add_root_certificates(certs.ca())
+        .require_tls(true)
+        .connect(&self.addr)
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for TlsNats {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// `tls://user:password@...` to JetStream: a certificate no trusted CA signed, or a wrong
+/// password, stops the daemon at start without printing the password; trusted through
+/// `SSL_CERT_FILE`, with the right password, every event reaches the stream.
+#[sqlx::test(migrations = false)]
+async fn forward_publishes_to_nats_over_tls_with_a_password(pool: PgPool) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    migrated(&pool).await;
+    let certs = certs::Certs::generate();
+    let nats = TlsNats::start(&certs).await;
+    let jetstream = async_nats::jetstream::new(nats.client(&certs).await);
+    let stream = async_nats::jetstream::stream::Config {
+        name: "EVENTS".into(),
+        subjects: vec!["events.>".into()],
+        ..Default::default()
+    };
+    jetstream.create_stream(stream).await.unwrap();
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+    let url = |password: &str| format!("tls://{}:{password}@{}", TlsNats::USER, nats.addr);
+    let env = |url: &str| {
+        [
+            ("OUTBOX_FORWARD_TO", url.to_owned()),
+            ("OUTBOX_FORWARD_STREAM", "EVENTS".to_owned()),
+            ("OUTBOX_FORWARD_DESTINATION", "events.{event_type}".to_owned()),
+        ]
+    };
+    let ca = certs.ca().display().to_string();
+    let untrusted = env(&url(TlsNats::PASSWORD));
+    let wrong_password = env(&url("not-it"));
+    for (env, extra) in
+        [(untrusted, vec![]), (wrong_password, vec![("SSL_CERT_FILE", ca.as_str())])]
+    {
+        let env: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (*k, v.as_str())).chain(extra).collect();
+        let output = forward(&pool, &env).wait_with_output().unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("{} over TLS", nats.addr)), "{stderr}");
+        assert!(!stderr.contains(TlsNats::PASSWORD) && !stderr.contains("not-it"), "{stderr}");
+        assert_eq!(published(&pool).await, 0);
+    }
+
+    let trusted = env(&url(TlsNats::PASSWORD));
+    let env: Vec<(&str, &str)> = trusted
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain([("SSL_CERT_FILE", ca.as_str())])
+        .collect();
+    let summary = forward_all(&pool, &env, 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    let mut events = jetstream.get_stream("EVENTS").await.unwrap();
+    assert_eq!(events.info().await.unwrap().state.messages, 3);
+}
+
 /// A Kafka-protocol broker of the test's own that speaks TLS only, with a certificate of
 /// `certs`: tansu (in memory; its own TLS does not start in 0.6.0) behind `socat` terminating
 /// TLS, tansu advertising socat's address so that clients come back through it. Both killed
