@@ -283,34 +283,62 @@ async fn forward_refuses_a_missing_kafka_topic_and_an_unreachable_broker(pool: P
     assert!(stderr.contains(&format!("kafka brokers {nobody}")), "{stderr}");
 }
 
+/// Servers a test started for itself, killed when dropped.
+struct Spawned(Vec<Child>);
+
+impl Spawned {
+    /// Starts `commands` (their output discarded) and waits until something listens on `addr`.
+    async fn listening_on(addr: &str, commands: impl IntoIterator<Item = Command>) -> Spawned {
+        let spawned = Spawned(
+            commands
+                .into_iter()
+                .map(|mut command| {
+                    let program = command.get_program().to_string_lossy().into_owned();
+                    command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap_or_else(
+                        |e| panic!("cannot run {program}: {e} (scripts/services-up installs it)"),
+                    )
+                })
+                .collect(),
+        );
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return spawned;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("nothing listens on {addr} 10 s after starting the test's server");
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        for process in &mut self.0 {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+}
+
 /// A redis-server of the test's own that speaks TLS only, on a free port, with a certificate
 /// of `certs`; killed when dropped.
 struct TlsRedis {
     port: u16,
-    process: Child,
+    _server: Spawned,
 }
 
 impl TlsRedis {
     async fn start(certs: &certs::Certs) -> TlsRedis {
         let port = free_address().rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
         let path = |p: std::path::PathBuf| p.display().to_string();
-        let process = Command::new("redis-server")
+        let mut server = Command::new("redis-server");
+        server
             .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--tls-cert-file", &path(certs.server_cert())])
             .args(["--tls-key-file", &path(certs.server_key())])
             .args(["--tls-ca-cert-file", &path(certs.ca()), "--tls-auth-clients", "no"])
-            .args(["--save", "", "--appendonly", "no", "--dir", &path(certs.dir().to_owned())])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (scripts/services-up installs it)");
-        let redis = TlsRedis { port, process };
-        for _ in 0..500 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-                return redis;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the TLS redis-server does not listen on port {port} after 10 s");
+            .args(["--save", "", "--appendonly", "no", "--dir", &path(certs.dir().to_owned())]);
+        let server = Spawned::listening_on(&format!("127.0.0.1:{port}"), [server]).await;
+        TlsRedis { port, _server: server }
     }
 
     /// How many entries the stream `key` has, read over TLS trusting `ca`.
@@ -323,13 +351,6 @@ impl TlsRedis {
         let client = ::redis::Client::build_with_tls(url, certificates).unwrap();
         let mut connection = client.get_multiplexed_async_connection().await.unwrap();
         ::redis::cmd("XLEN").arg(key).query_async(&mut connection).await.unwrap()
-    }
-}
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 
@@ -370,7 +391,7 @@ async fn forward_appends_to_redis_over_tls_and_checks_the_certificate(pool: PgPo
 /// password `s3cret`; killed when dropped.
 struct TlsNats {
     addr: String,
-    process: Child,
+    _server: Spawned,
 }
 
 impl TlsNats {
@@ -381,23 +402,14 @@ impl TlsNats {
         let addr = free_address();
         let (host, port) = addr.rsplit_once(':').unwrap();
         let path = |p: std::path::PathBuf| p.display().to_string();
-        let process = Command::new("nats-server")
+        let mut server = Command::new("nats-server");
+        server
             .args(["-a", host, "-p", port, "-js", "-sd", &path(certs.dir().join("jetstream"))])
             .args(["--tls", "--tlscert", &path(certs.server_cert())])
             .args(["--tlskey", &path(certs.server_key())])
-            .args(["--user", TlsNats::USER, "--pass", TlsNats::PASSWORD])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server runs (scripts/services-up installs it)");
-        let nats = TlsNats { addr, process };
-        for _ in 0..500 {
-            if tokio::net::TcpStream::connect(&nats.addr).await.is_ok() {
-                return nats;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the TLS nats-server does not listen on {} after 10 s", nats.addr);
+            .args(["--user", TlsNats::USER, "--pass", TlsNats::PASSWORD]);
+        let server = Spawned::listening_on(&addr, [server]).await;
+        TlsNats { addr, _server: server }
     }
 
     /// A client over TLS trusting `certs`' CA, with the user and password.
@@ -411,13 +423,6 @@ impl TlsNats {
         .connect(&self.addr)
         .await
         .unwrap()
-    }
-}
-
-impl Drop for TlsNats {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 
@@ -481,50 +486,28 @@ async fn forward_publishes_to_nats_over_tls_with_a_password(pool: PgPool) {
 /// when dropped.
 struct TlsKafka {
     addr: String,
-    processes: [Child; 2],
+    _servers: Spawned,
 }
 
 impl TlsKafka {
     async fn start(certs: &certs::Certs) -> TlsKafka {
         let (addr, plain) = (free_address(), free_address());
         let path = |p: std::path::PathBuf| p.display().to_string();
-        let broker = Command::new("tansu")
+        let mut broker = Command::new("tansu");
+        broker
             .args(["broker", "--listener-url", &format!("tcp://{plain}")])
             .args(["--advertised-listener-url", &format!("tcp://{addr}")])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tansu runs (scripts/services-up installs it)");
+            .args(["--storage-engine", "memory://tansu/"]);
         let port = addr.rsplit_once(':').unwrap().1;
         let listen = format!(
             "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
             path(certs.server_cert()),
             path(certs.server_key())
         );
-        let terminator = Command::new("socat")
-            .args([listen, format!("TCP:{plain}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("socat runs (scripts/services-up installs it)");
-        let kafka = TlsKafka { addr, processes: [broker, terminator] };
-        for _ in 0..500 {
-            if tokio::net::TcpStream::connect(&kafka.addr).await.is_ok() {
-                return kafka;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the TLS Kafka broker does not listen on {} after 10 s", kafka.addr);
-    }
-}
-
-impl Drop for TlsKafka {
-    fn drop(&mut self) {
-        for process in &mut self.processes {
-            let _ = process.kill();
-            let _ = process.wait();
-        }
+        let mut terminator = Command::new("socat");
+        terminator.args([listen, format!("TCP:{plain}")]);
+        let servers = Spawned::listening_on(&addr, [broker, terminator]).await;
+        TlsKafka { addr, _servers: servers }
     }
 }
 
