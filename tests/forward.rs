@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_runtime::forward::{nats::NatsSink, Forward, SinkStatus};
-use outbox_runtime::{BuildError, Error, EventContext, Relay};
+use outbox_runtime::{BuildError, EventContext, Relay};
 use sqlx::PgPool;
 use support::forwarding::{
     a_message_too_large, assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
-    forward_ordered_through_failures, forward_until_published, Away, TRACEPARENT,
+    forward_ordered_through_failures, forward_until_published, sink_error_at_start, Away,
+    TRACEPARENT,
 };
 use support::nats::Stream;
 use support::*;
@@ -112,12 +113,7 @@ async fn a_missing_stream_stops_the_relay_at_start(pool: PgPool) {
     migrated(&pool).await;
     let client = support::nats::connect().await;
     let sink = NatsSink::new(client, format!("MISSING_{}", Uuid::new_v4().simple()));
-    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    let error = sink_error_at_start(&pool, sink).await;
     assert!(error.destination.starts_with("stream `MISSING_"), "{error}");
 }
 

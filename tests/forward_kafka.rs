@@ -3,15 +3,14 @@
 
 mod support;
 
-use std::time::Duration;
-
 use outbox_runtime::forward::kafka::KafkaSink;
 use outbox_runtime::forward::Forward;
-use outbox_runtime::{Error, Relay};
+use outbox_runtime::Relay;
 use sqlx::PgPool;
 use support::forwarding::{
     a_message_too_large, assert_in_emit_order, emit_two_and_roll_back_one,
-    forward_ordered_through_failures, forward_until_published, ORDERED_ACCOUNTS, TRACEPARENT,
+    forward_ordered_through_failures, forward_until_published, sink_error_at_start,
+    ORDERED_ACCOUNTS, TRACEPARENT,
 };
 use support::kafka::{Record, Topics};
 use support::*;
@@ -99,7 +98,7 @@ async fn a_missing_topic_stops_the_relay_at_start(pool: PgPool) {
     let topics = Topics::new();
     let topic = placed_topic(&topics);
     let sink = KafkaSink::new(&topics.config()).unwrap().topics([topic.clone()]);
-    let error = stopped_at_start(&pool, sink).await;
+    let error = sink_error_at_start(&pool, sink).await;
     assert_eq!(error.destination, topic, "{error}");
     assert!(error.reason.contains("no such topic"), "{error}");
 }
@@ -122,16 +121,6 @@ async fn a_record_to_a_missing_topic_is_a_failure_naming_it(pool: PgPool) {
 async fn an_unreachable_broker_stops_the_relay_at_start(pool: PgPool) {
     migrated(&pool).await;
     let topics = Topics::at("127.0.0.1:1"); // nothing listens on port 1
-    let error = stopped_at_start(&pool, KafkaSink::new(&topics.config()).unwrap()).await;
+    let error = sink_error_at_start(&pool, KafkaSink::new(&topics.config()).unwrap()).await;
     assert_eq!(error.destination, "kafka brokers 127.0.0.1:1", "{error}");
-}
-
-async fn stopped_at_start(pool: &PgPool, sink: KafkaSink) -> outbox_runtime::forward::SinkError {
-    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(20), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
-    error
 }

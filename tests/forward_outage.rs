@@ -28,8 +28,9 @@ use outbox_runtime::forward::nats::NatsSink;
 use outbox_runtime::forward::rabbitmq::RabbitSink;
 use outbox_runtime::forward::redis::RedisSink;
 use outbox_runtime::forward::{Forward, Sink, SinkStatus};
-use outbox_runtime::{Error, Relay, RelayCounts};
+use outbox_runtime::{Relay, RelayCounts};
 use sqlx::PgPool;
+use support::forwarding::sink_error_at_start;
 use support::kafka::{Broker, Topics};
 use support::nats::{Stream, NATS};
 use support::proxy::Proxy;
@@ -224,16 +225,6 @@ async fn kafka_away_and_back_reconnects_and_loses_nothing(pool: PgPool) {
     at_least_once(&ids, &received);
 }
 
-/// Runs a relay forwarding to `sink` until it stops at start; returns its error.
-async fn stopped_at_start(pool: &PgPool, sink: RabbitSink) -> Error {
-    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    result.expect_err("the relay cannot start")
-}
-
 #[sqlx::test(migrations = false)]
 async fn wrong_rabbitmq_credentials_stop_the_relay_at_start_without_the_password(pool: PgPool) {
     migrated(&pool).await;
@@ -241,11 +232,10 @@ async fn wrong_rabbitmq_credentials_stop_the_relay_at_start_without_the_password
     let password = "not-the-password-7c1e";
     let uri = format!("amqp://guest:{password}@127.0.0.1:5672/%2f");
     let sink = RabbitSink::from_uri(&uri, ConnectionProperties::default(), &exchange.name);
-    let error = stopped_at_start(&pool, sink).await;
-    let text = format!("{error} | {error:?}");
+    let sink_error = sink_error_at_start(&pool, sink).await;
+    let text = format!("{sink_error} | {sink_error:?}");
     println!("{text}");
     assert!(!text.contains(password), "the password is never shown: {text}");
-    let Error::Sink(sink_error) = error else { panic!("expected a sink error, got {text}") };
     assert_eq!(sink_error.destination, format!("exchange `{}`", exchange.name));
     let reason = &sink_error.reason;
     assert!(reason.starts_with("cannot connect to the broker: "), "{reason}");
@@ -261,12 +251,11 @@ async fn a_rabbitmq_broker_away_at_start_stops_the_relay_with_the_cause(pool: Pg
     let password = "guest-secret-5d02";
     let uri = format!("amqp://guest:{password}@{}/%2f", proxy.addr());
     let sink = RabbitSink::from_uri(&uri, ConnectionProperties::default(), &exchange.name);
-    let error = stopped_at_start(&pool, sink).await;
-    let text = format!("{error} | {error:?}");
+    let sink_error = sink_error_at_start(&pool, sink).await;
+    let text = format!("{sink_error} | {sink_error:?}");
     println!("{text}");
     assert!(!text.contains(password), "the password is never shown: {text}");
     assert!(!text.contains(&uri) && !text.contains("amqp://"), "nor the URI: {text}");
-    let Error::Sink(sink_error) = error else { panic!("expected a sink error, got {text}") };
     assert_eq!(sink_error.destination, format!("exchange `{}`", exchange.name));
     assert!(sink_error.reason.starts_with("cannot connect to the broker: "), "{text}");
 }

@@ -3,14 +3,12 @@
 
 mod support;
 
-use std::time::Duration;
-
 use outbox_runtime::forward::{rabbitmq::RabbitSink, Forward, SinkStatus};
-use outbox_runtime::{Error, Relay};
+use outbox_runtime::Relay;
 use sqlx::PgPool;
 use support::forwarding::{
     assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
-    forward_ordered_through_failures, forward_until_published, TRACEPARENT,
+    forward_ordered_through_failures, forward_until_published, sink_error_at_start, TRACEPARENT,
 };
 use support::rabbitmq::{connect, Exchange};
 use support::*;
@@ -105,12 +103,7 @@ async fn a_channel_the_broker_closed_is_reopened_for_the_next_batches(pool: PgPo
 async fn a_missing_exchange_stops_the_relay_at_start(pool: PgPool) {
     migrated(&pool).await;
     let sink = RabbitSink::new(connect().await, format!("missing-{}", Uuid::new_v4().simple()));
-    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    let error = sink_error_at_start(&pool, sink).await;
     assert!(error.destination.starts_with("exchange `missing-"), "{error}");
     assert!(error.reason.contains("NOT_FOUND"), "{error}");
 }
@@ -122,12 +115,7 @@ async fn a_closed_connection_stops_the_relay_at_start(pool: PgPool) {
     let connection = connect().await;
     connection.close(200, "gone".into()).await.unwrap();
     let sink = RabbitSink::new(connection, &exchange.name);
-    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    let error = sink_error_at_start(&pool, sink).await;
     assert_eq!(error.destination, format!("exchange `{}`", exchange.name), "{error}");
 }
 

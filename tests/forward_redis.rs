@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_runtime::forward::{redis::RedisSink, Forward};
-use outbox_runtime::{Error, Relay};
+use outbox_runtime::Relay;
 use sqlx::PgPool;
 use support::forwarding::{
     assert_in_emit_order, emit_two_and_roll_back_one, first_failure,
-    forward_ordered_through_failures, forward_until_published, ORDERED_ACCOUNTS, TRACEPARENT,
+    forward_ordered_through_failures, forward_until_published, sink_error_at_start,
+    ORDERED_ACCOUNTS, TRACEPARENT,
 };
 use support::redis::{Entry, Streams};
 use support::*;
@@ -95,15 +96,7 @@ async fn an_unreachable_server_stops_the_relay_at_start(pool: PgPool) {
         .set_number_of_retries(0)
         .set_connection_timeout(Some(Duration::from_secs(1)));
     let connection = ::redis::aio::ConnectionManager::new_lazy_with_config(client, config).unwrap();
-    let relay = Relay::builder(pool.clone())
-        .forward(Forward::to(RedisSink::new(connection)))
-        .build()
-        .unwrap();
-    let result =
-        tokio::time::timeout(Duration::from_secs(10), relay.run_until(std::future::pending()))
-            .await
-            .expect("the relay stops at once");
-    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    let error = sink_error_at_start(&pool, RedisSink::new(connection)).await;
     assert_eq!(error.destination, "redis server (PING)", "{error}");
 }
 

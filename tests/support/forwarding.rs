@@ -257,3 +257,20 @@ pub async fn a_message_too_large(
     assert!(!row.published && !row.dead, "kept, to retry or to inspect");
     row.last_error.expect("the failure is kept")
 }
+
+/// Runs a relay forwarding to `sink` until it stops at start, as it must when the sink's check
+/// fails (within 20 s); returns the sink's error.
+pub async fn sink_error_at_start(pool: &sqlx::PgPool, sink: impl Sink) -> SinkError {
+    use std::time::Duration;
+
+    use outbox_runtime::forward::Forward;
+    use outbox_runtime::{Error, Relay};
+
+    let relay = Relay::builder(pool.clone()).forward(Forward::to(sink)).build().unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(20), relay.run_until(std::future::pending()))
+            .await
+            .expect("the relay stops at once");
+    let Err(Error::Sink(error)) = result else { panic!("expected a sink error, got {result:?}") };
+    error
+}
