@@ -175,9 +175,7 @@ async fn nats_options(
     url: &str,
     args: &ForwardArgs,
 ) -> Result<async_nats::ConnectOptions, Failure> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let userinfo = authority.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    let userinfo = userinfo(url);
     let given = [userinfo.is_some(), args.nats_creds.is_some(), args.nats_nkey.is_some()];
     if given.iter().filter(|&&given| given).count() > 1 {
         return Err(Failure::Forward(
@@ -211,9 +209,7 @@ async fn nats_options(
 fn kafka_config(url: &str, tls: bool, args: &ForwardArgs) -> rdkafka::ClientConfig {
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", endpoint(url));
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let userinfo = authority.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    let userinfo = userinfo(url);
     let protocol = match (tls, userinfo.is_some()) {
         (false, false) => "plaintext",
         (true, false) => "ssl",
@@ -261,6 +257,13 @@ fn known_topics(template: &str, event_types: &[(String, String)]) -> Vec<String>
         .collect();
     topics.dedup();
     topics
+}
+
+/// The `user:password` or `token` before the `@` of a broker URL, still percent-encoded.
+fn userinfo(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.rsplit_once('@').map(|(userinfo, _)| userinfo)
 }
 
 /// `host:port` of a broker URL, without scheme, credentials or path.
