@@ -492,23 +492,29 @@ struct TlsKafka {
 impl TlsKafka {
     async fn start(certs: &certs::Certs) -> TlsKafka {
         let (addr, plain) = (free_address(), free_address());
-        let path = |p: std::path::PathBuf| p.display().to_string();
         let mut broker = Command::new("tansu");
         broker
             .args(["broker", "--listener-url", &format!("tcp://{plain}")])
             .args(["--advertised-listener-url", &format!("tcp://{addr}")])
             .args(["--storage-engine", "memory://tansu/"]);
-        let port = addr.rsplit_once(':').unwrap().1;
-        let listen = format!(
-            "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
-            path(certs.server_cert()),
-            path(certs.server_key())
-        );
-        let mut terminator = Command::new("socat");
-        terminator.args([listen, format!("TCP:{plain}")]);
-        let servers = Spawned::listening_on(&addr, [broker, terminator]).await;
+        let servers =
+            Spawned::listening_on(&addr, [broker, tls_terminator(certs, &addr, &plain)]).await;
         TlsKafka { addr, _servers: servers }
     }
+}
+
+/// `socat` listening on `addr` with TLS (a server certificate of `certs`) and passing each
+/// connection on in plain text to `plain`.
+fn tls_terminator(certs: &certs::Certs, addr: &str, plain: &str) -> Command {
+    let port = addr.rsplit_once(':').unwrap().1;
+    let listen = format!(
+        "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
+        certs.server_cert().display(),
+        certs.server_key().display()
+    );
+    let mut terminator = Command::new("socat");
+    terminator.args([listen, format!("TCP:{plain}")]);
+    terminator
 }
 
 /// `kafka+ssl://` is TLS or no connection: a certificate that no trusted CA signed stops the
@@ -563,4 +569,260 @@ async fn forward_over_amqps_to_a_plain_port_fails_and_never_goes_plain(pool: PgP
     assert!(stderr.contains("exchange `amq.topic`: cannot connect to the broker"), "{stderr}");
     assert!(!stderr.contains("a-secret"), "the password is never printed: {stderr}");
     assert_eq!(published(&pool).await, 0);
+}
+
+/// `amqps://` is TLS or no connection: through a TLS terminator in front of the tests' RabbitMQ,
+/// a certificate no trusted CA signed stops the daemon at start without printing the password;
+/// trusted through `SSL_CERT_FILE`, every event reaches the exchange's queue once.
+#[sqlx::test(migrations = false)]
+async fn forward_publishes_to_rabbitmq_over_amqps_and_checks_the_certificate(pool: PgPool) {
+    migrated(&pool).await;
+    let certs = certs::Certs::generate();
+    let addr = free_address();
+    let _terminator =
+        Spawned::listening_on(&addr, [tls_terminator(&certs, &addr, "127.0.0.1:5672")]).await;
+    let exchange = rabbitmq::Exchange::create().await;
+    let events: Vec<OrderPlaced> = (0..3).map(|order_id| OrderPlaced { order_id }).collect();
+    let mut ids = emit_committed(&pool, &events).await;
+    // The broker's own user, under a password only the URL holds: `guest` would be found in
+    // the user's name.
+    let url = format!("amqps://guest:guest@{addr}/%2f");
+    let routing_key = format!("{}.{{event_type}}", exchange.prefix);
+    let env = [
+        ("OUTBOX_FORWARD_TO", url.as_str()),
+        ("OUTBOX_FORWARD_EXCHANGE", &exchange.name),
+        ("OUTBOX_FORWARD_DESTINATION", &routing_key),
+    ];
+
+    let output = forward(&pool, &env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let cause = format!("exchange `{}`: cannot connect to the broker", exchange.name);
+    assert!(stderr.contains(&cause), "{stderr}");
+    assert!(stderr.contains("UnknownIssuer"), "says why the certificate is refused: {stderr}");
+    assert!(!stderr.contains("guest:guest"), "the URL is never printed: {stderr}");
+    assert_eq!(published(&pool).await, 0);
+
+    let ca = certs.ca().display().to_string();
+    let summary = forward_all(&pool, &[&env[..], &[("SSL_CERT_FILE", &ca)]].concat(), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    let mut received: Vec<Uuid> = exchange
+        .messages()
+        .await
+        .iter()
+        .map(|message| message.message_id.as_deref().unwrap().parse().unwrap())
+        .collect();
+    received.sort();
+    ids.sort();
+    assert_eq!(received, ids, "every event once, over TLS");
+}
+
+/// A nats-server of the test's own with JetStream, plain TCP, that takes only the clients its
+/// configuration admits; killed, and its files removed, when dropped.
+struct AuthNats {
+    addr: String,
+    _server: Spawned,
+    /// Its configuration and streams; removed after the server is killed (fields drop in order).
+    _dir: Scratch,
+}
+
+/// A directory of a test's own, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl AuthNats {
+    /// A server admitting whom `authorization` (the block's contents) admits.
+    async fn start(authorization: &str) -> AuthNats {
+        AuthNats::start_with(&format!("authorization {{ {authorization} }}\n")).await
+    }
+
+    /// A server whose configuration ends with `auth` (an authorization block, an operator).
+    async fn start_with(auth: &str) -> AuthNats {
+        let addr = free_address();
+        let dir = Scratch(std::env::temp_dir().join(format!("outbox-nats-{}", Uuid::new_v4())));
+        std::fs::create_dir(&dir.0).unwrap();
+        let (config, store) = (dir.0.join("nats.conf"), dir.0.join("jetstream"));
+        let text = format!("listen: {addr}\njetstream {{ store_dir: {store:?} }}\n{auth}");
+        std::fs::write(&config, text).unwrap();
+        let mut server = Command::new("nats-server");
+        server.arg("-c").arg(&config);
+        let server = Spawned::listening_on(&addr, [server]).await;
+        AuthNats { addr, _server: server, _dir: dir }
+    }
+
+    /// Creates the stream `EVENTS` on `events.>` through `client`.
+    async fn stream(client: async_nats::Client) -> async_nats::jetstream::stream::Stream {
+        let jetstream = async_nats::jetstream::new(client);
+        let stream = async_nats::jetstream::stream::Config {
+            name: "EVENTS".into(),
+            subjects: vec!["events.>".into()],
+            ..Default::default()
+        };
+        jetstream.create_stream(stream).await.unwrap()
+    }
+}
+
+/// The daemon's flags for JetStream at `addr`, stream `EVENTS`, plus `extra`.
+fn nats_env<'a>(to: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let base = [
+        ("OUTBOX_FORWARD_TO", to),
+        ("OUTBOX_FORWARD_STREAM", "EVENTS"),
+        ("OUTBOX_FORWARD_DESTINATION", "events.{event_type}"),
+    ];
+    [&base[..], extra].concat()
+}
+
+/// Runs the daemon with `env`, which the server must refuse: it stops at start naming the server,
+/// printing no `secret`, having published nothing.
+async fn refused_at_start(pool: &PgPool, env: &[(&str, &str)], addr: &str, secret: &str) {
+    let output = forward(pool, env).wait_with_output().unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("cannot reach the broker at {addr}")), "{stderr}");
+    assert!(!stderr.contains(secret), "no credential is printed: {stderr}");
+    assert_eq!(published(pool).await, 0);
+}
+
+/// `--nats-nkey`: a server that admits one user by its public nkey refuses another seed at
+/// start, without printing it, and takes every event from the user's seed.
+#[sqlx::test(migrations = false)]
+async fn forward_authenticates_to_nats_with_an_nkey(pool: PgPool) {
+    migrated(&pool).await;
+    let (user, stranger) = (nkeys::KeyPair::new_user(), nkeys::KeyPair::new_user());
+    let users = format!("users = [ {{ nkey: {} }} ]", user.public_key());
+    let nats = AuthNats::start(&users).await;
+    let seed = user.seed().unwrap();
+    let client = async_nats::ConnectOptions::with_nkey(seed.clone()).connect(&nats.addr).await;
+    let mut stream = AuthNats::stream(client.unwrap()).await;
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+    let to = format!("nats://{}", nats.addr);
+
+    let wrong = stranger.seed().unwrap();
+    let env = nats_env(&to, &[("OUTBOX_FORWARD_NATS_NKEY", &wrong)]);
+    refused_at_start(&pool, &env, &nats.addr, &wrong).await;
+
+    let summary =
+        forward_all(&pool, &nats_env(&to, &[("OUTBOX_FORWARD_NATS_NKEY", &seed)]), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+}
+
+/// `nats://token@host`: a server that admits one token refuses another at start, without
+/// printing it, and takes every event with its own.
+#[sqlx::test(migrations = false)]
+async fn forward_authenticates_to_nats_with_a_token(pool: PgPool) {
+    migrated(&pool).await;
+    let token = format!("t{}", Uuid::new_v4().simple());
+    let nats = AuthNats::start(&format!("token: {token}")).await;
+    let client = async_nats::ConnectOptions::with_token(token.clone()).connect(&nats.addr).await;
+    let mut stream = AuthNats::stream(client.unwrap()).await;
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+
+    let wrong = format!("nats://not{token}@{}", nats.addr);
+    refused_at_start(&pool, &nats_env(&wrong, &[]), &nats.addr, &format!("not{token}")).await;
+
+    let to = format!("nats://{token}@{}", nats.addr);
+    let summary = forward_all(&pool, &nats_env(&to, &[]), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
+}
+
+/// A JSON web token of the kind NATS decentralised auth reads: `claims` under NATS's header,
+/// signed with `issuer`'s key (which the claims name as `iss`).
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, nats: serde_json::Value) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let claims = serde_json::json!({
+        "jti": Uuid::new_v4().simple().to_string(),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": subject,
+        "sub": subject,
+        "nats": nats,
+    });
+    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let signed = format!("{header}.{}", URL_SAFE_NO_PAD.encode(claims.to_string()));
+    let signature = issuer.sign(signed.as_bytes()).unwrap();
+    format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// `--nats-creds`: an operator of the test's own trusts one account (with JetStream), whose
+/// user's credentials file, as `nsc` writes it, takes every event; a user the account never
+/// signed is refused at start without its seed printed.
+#[sqlx::test(migrations = false)]
+async fn forward_authenticates_to_nats_with_a_credentials_file(pool: PgPool) {
+    migrated(&pool).await;
+    let operator = nkeys::KeyPair::new_operator();
+    // JetStream needs the server's own system account beside the users'.
+    let (account, system) = (nkeys::KeyPair::new_account(), nkeys::KeyPair::new_account());
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        serde_json::json!({ "type": "operator", "version": 2 }),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let account_jwt = |account: &nkeys::KeyPair, limits: &serde_json::Value| {
+        let claims = serde_json::json!({ "type": "account", "version": 2, "limits": limits });
+        nats_jwt(&operator, &account.public_key(), claims)
+    };
+    let system_limits = serde_json::json!({ "subs": -1, "data": -1, "payload": -1, "conn": -1 });
+    let nats = AuthNats::start_with(&format!(
+        "operator: \"{operator_jwt}\"\nsystem_account: {system}\nresolver: MEMORY\n\
+         resolver_preload: {{ {account}: \"{}\", {system}: \"{}\" }}\n",
+        account_jwt(&account, &unlimited),
+        account_jwt(&system, &system_limits),
+        account = account.public_key(),
+        system = system.public_key(),
+    ))
+    .await;
+    let dir = Scratch(std::env::temp_dir().join(format!("outbox-creds-{}", Uuid::new_v4())));
+    std::fs::create_dir(&dir.0).unwrap();
+    // A user signed by the account, and a user signed by a key the operator never trusted.
+    let creds = |signer: &nkeys::KeyPair, name: &str| {
+        let user = nkeys::KeyPair::new_user();
+        let user_claims = serde_json::json!({
+            "type": "user", "version": 2, "pub": {}, "sub": {},
+            "subs": -1, "data": -1, "payload": -1,
+        });
+        let jwt = nats_jwt(signer, &user.public_key(), user_claims);
+        let seed = user.seed().unwrap();
+        let path = dir.0.join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+            ),
+        )
+        .unwrap();
+        (path, seed)
+    };
+    let (trusted, _) = creds(&account, "trusted.creds");
+    let (stranger, stranger_seed) = creds(&nkeys::KeyPair::new_account(), "stranger.creds");
+    let client = async_nats::ConnectOptions::with_credentials_file(&trusted).await.unwrap();
+    let mut stream = AuthNats::stream(client.connect(&nats.addr).await.unwrap()).await;
+    emit_committed(&pool, &(0..3).map(|order_id| OrderPlaced { order_id }).collect::<Vec<_>>())
+        .await;
+    let to = format!("nats://{}", nats.addr);
+
+    let stranger = stranger.display().to_string();
+    let env = nats_env(&to, &[("OUTBOX_FORWARD_NATS_CREDS", &stranger)]);
+    refused_at_start(&pool, &env, &nats.addr, &stranger_seed).await;
+
+    let trusted = trusted.display().to_string();
+    let summary =
+        forward_all(&pool, &nats_env(&to, &[("OUTBOX_FORWARD_NATS_CREDS", &trusted)]), 3).await;
+    assert_eq!(summary["forwarded"], 3);
+    assert_eq!(stream.info().await.unwrap().state.messages, 3);
 }
