@@ -1,10 +1,12 @@
 //! Forwarding to real brokers (NATS JetStream on 127.0.0.1:4222, RabbitMQ on 127.0.0.1:5672,
-//! the Kafka-protocol broker on 127.0.0.1:9092):
-//! a relay draining a backlog into the broker against the bare client publishing the same
-//! payloads with confirmations, and commit-to-consumer latency at a steady rate.
+//! Redis on 127.0.0.1:6379, the Kafka-protocol broker on 127.0.0.1:9092): a relay draining a
+//! backlog into the broker against the bare client publishing the same payloads with
+//! confirmations and against the same relay draining the same backlog into a no-op handler,
+//! and commit-to-consumer latency at a steady rate.
 //!
 //! Each broker gets a destination of the run's own (a JetStream stream; a RabbitMQ topic
-//! exchange with a durable queue bound to it), deleted afterwards. The relay forwards with its
+//! exchange with a durable queue bound to it; a Redis stream; a Kafka topic), deleted
+//! afterwards where the broker can. The relay forwards with its
 //! defaults and one destination template, `{prefix}.{aggregate_type}.{event_type}`.
 
 use std::collections::{HashMap, VecDeque};
@@ -16,19 +18,22 @@ use futures_util::StreamExt;
 use outbox_runtime::forward::kafka::{rdkafka, KafkaSink};
 use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
+use outbox_runtime::forward::redis::{redis, RedisSink};
 use outbox_runtime::forward::{Forward, OutboundMessage, Sink, SinkError};
 use outbox_runtime::Relay;
 use sqlx::{PgPool, Row};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
+use crate::cpu::{Cpu, Spent};
 use crate::db::{self, Database};
 use crate::events::credited;
-use crate::relay::{self, Running};
+use crate::relay::{self, Calls, Running, Setup};
 
 const NATS: &str = "127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const KAFKA: &str = "127.0.0.1:9092";
+const REDIS: &str = "redis://127.0.0.1:6379";
 
 /// One backlog row as the bare client publishes it: the same subject or routing key and
 /// payload as the relay's message, under a fresh id (JetStream would drop the relay's ids as
@@ -285,6 +290,109 @@ impl Broker for Rabbit {
     }
 }
 
+/// Redis: one stream of the run's own, `{prefix}.account.account.credited` (the backlog's one
+/// destination).
+pub struct Redis {
+    connection: redis::aio::ConnectionManager,
+    stream: String,
+    prefix: String,
+}
+
+async fn redis_connection() -> redis::aio::ConnectionManager {
+    let client = redis::Client::open(REDIS).unwrap();
+    client.get_connection_manager().await.expect("Redis runs on 127.0.0.1:6379")
+}
+
+impl Broker for Redis {
+    async fn create() -> Self {
+        let prefix = format!("bench{}", Uuid::new_v4().simple());
+        let stream = format!("{prefix}.account.account.credited");
+        Redis { connection: redis_connection().await, stream, prefix }
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    async fn sink(&self) -> impl Sink {
+        RedisSink::new(redis_connection().await)
+    }
+
+    async fn publish_bare(&self, messages: &[Payload], window: usize) {
+        // The sink's command (its fields but the headers), `window` of them outstanding on one
+        // multiplexed connection, each awaited for its entry id.
+        let connection = redis_connection().await;
+        futures_util::stream::iter(messages)
+            .map(|message| {
+                let mut connection = connection.clone();
+                async move {
+                    let entry: String = redis::cmd("XADD")
+                        .arg(&message.destination)
+                        .arg("*")
+                        .arg("id")
+                        .arg(message.id.to_string())
+                        .arg("content-type")
+                        .arg("application/json")
+                        .arg("payload")
+                        .arg(&message.payload)
+                        .query_async(&mut connection)
+                        .await
+                        .unwrap();
+                    entry
+                }
+            })
+            .buffer_unordered(window)
+            .for_each(|_| async {})
+            .await;
+    }
+
+    async fn purge(&self) -> u64 {
+        let mut connection = self.connection.clone();
+        let (held, _): (u64, u64) = redis::pipe()
+            .cmd("XLEN")
+            .arg(&self.stream)
+            .cmd("DEL")
+            .arg(&self.stream)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        held
+    }
+
+    async fn consume(&self, arrivals: Arrivals) -> JoinHandle<()> {
+        use redis::streams::{StreamReadOptions, StreamReadReply};
+        // A connection of its own: XREAD BLOCK holds it.
+        let client = redis::Client::open(REDIS).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let stream = self.stream.clone();
+        tokio::spawn(async move {
+            let mut last = "$".to_owned();
+            loop {
+                let options = StreamReadOptions::default().block(1_000).count(1_000);
+                let reply: StreamReadReply = redis::AsyncCommands::xread_options(
+                    &mut connection,
+                    &[&stream],
+                    &[&last],
+                    &options,
+                )
+                .await
+                .unwrap();
+                for entry in reply.keys.into_iter().flat_map(|key| key.ids) {
+                    let id: Option<String> = entry.get("id");
+                    arrivals.arrived(id.and_then(|id| id.parse().ok()));
+                    last = entry.id;
+                }
+            }
+        })
+    }
+
+    async fn delete(self) {
+        let mut connection = self.connection.clone();
+        let _: u64 =
+            redis::cmd("DEL").arg(&self.stream).query_async(&mut connection).await.unwrap();
+    }
+}
+
 /// Kafka: the topic of the run's own that the backlog's one event type goes to, 3 partitions.
 /// The broker keeps what it was sent, so `purge` counts the records since the last purge.
 pub struct Kafka {
@@ -503,42 +611,70 @@ async fn payloads(pool: &PgPool, prefix: &str) -> Vec<Payload> {
     .collect()
 }
 
-/// One forwarding drain beside its baseline.
+/// One forwarding drain beside its baselines.
 pub struct Throughput {
     /// The relay's events/s, start to last confirmation acknowledged.
     pub relay: f64,
     /// The bare client's events/s, first publish to last confirmation.
     pub bare: f64,
+    /// The same relay's events/s draining the same backlog into a no-op handler (defaults).
+    pub handled: f64,
+    /// The whole machine's CPU per event: the relay's drain, the bare client's, the no-op
+    /// handler's.
+    pub cpu: Costs,
     /// Messages the broker held beyond one per event after the relay's drain.
     pub duplicates: u64,
     /// The relay's batches.
     pub profile: Profile,
 }
 
-/// A backlog of `events` drained by one relay with `concurrency` forwarding to `B`, then the
-/// same payloads published by the bare client with a window of `concurrency` confirmations.
-/// Panics unless the broker holds exactly one message per event after each.
+/// What each way of moving the backlog cost the whole machine (every process on it).
+pub struct Costs {
+    pub relay: Spent,
+    pub bare: Spent,
+    pub handled: Spent,
+}
+
+/// A backlog of `events` drained by one relay with `concurrency` forwarding to `B`, beside
+/// the same payloads published by the bare client with a window of `concurrency` confirmations
+/// and the same backlog drained by one relay with its defaults into a no-op handler. Panics
+/// unless the broker holds exactly one message per event after each.
 pub async fn throughput<B: Broker>(url: &str, events: usize, concurrency: usize) -> Throughput {
+    let (handled, handled_cpu) = {
+        let db = Database::fresh(url, "forward_handled").await;
+        db::backlog(&db.pool, events, credited).await;
+        let relay = Setup::defaults(1).relay(&db.pool, &Calls::default());
+        let cpu = Cpu::now();
+        let rate = relay::until_delivered(vec![relay], events).await;
+        let cpu = cpu.since();
+        db.drop().await;
+        (rate, cpu)
+    };
+
     let broker = B::create().await;
     let db = Database::fresh(url, "forward").await;
     db::backlog(&db.pool, events, credited).await;
     let messages = payloads(&db.pool, broker.prefix()).await;
 
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), Cpu::now());
     broker.publish_bare(&messages, concurrency).await;
     let bare = events as f64 / started.elapsed().as_secs_f64();
+    let bare_cpu = cpu.since();
     assert_eq!(broker.purge().await, events as u64, "the bare client published every event");
 
     let batches = Batches::default();
     let forward = forward(&broker, &batches).await;
     let relay = Relay::builder(db.pool.clone()).forward(forward).concurrency(concurrency);
+    let cpu = Cpu::now();
     let rate = relay::until_delivered(vec![relay.build().unwrap()], events).await;
+    let relay_cpu = cpu.since();
     db.drop().await;
     let held = broker.purge().await;
     assert!(held >= events as u64, "the relay forwarded {held} of {events} events");
     broker.delete().await;
     let duplicates = held - events as u64;
-    Throughput { relay: rate, bare, duplicates, profile: batches.profile() }
+    let cpu = Costs { relay: relay_cpu, bare: bare_cpu, handled: handled_cpu };
+    Throughput { relay: rate, bare, handled, cpu, duplicates, profile: batches.profile() }
 }
 
 /// What [`latency`] measured.

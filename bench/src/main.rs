@@ -6,12 +6,13 @@
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
 //! and scale workloads and the 200,000-event stale-statistics drain; `--only emit,drain,...`
 //! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
-//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_kafka, and those
-//! of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare, purge; and types, a backlog
-//! over 50 event types against one). Ratios are computed within each run, then their median is
-//! reported. The forwarding workloads need NATS with JetStream on
-//! 127.0.0.1:4222, RabbitMQ on 127.0.0.1:5672 (guest/guest) and a Kafka-protocol broker on
-//! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them. Memory and scale run once, whatever `--runs` says: their million-event backlogs
+//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
+//! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
+//! purge; and types, a backlog over 50 event types against one). Ratios are computed within each run, then their median is
+//! reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
+//! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
+//! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
+//! Memory and scale run once, whatever `--runs` says: their million-event backlogs
 //! are expensive to lay down. Scale writes its snapshots (the lease's EXPLAIN ANALYZE, tuple
 //! counts and sizes at the start, middle and end of its big drain, and samples over time) to
 //! `--report PATH`, by default `target/bench-scale-report.txt`.
@@ -19,6 +20,7 @@
 mod bare;
 mod baseline;
 mod batch;
+mod cpu;
 mod db;
 mod delete;
 mod emit;
@@ -288,6 +290,9 @@ async fn main() {
         if args.runs("forward_rabbitmq") {
             forwarding::<forward::Rabbit>(&mut s, "rabbitmq", &args.url, sizes.drain, secs).await;
         }
+        if args.runs("forward_redis") {
+            forwarding::<forward::Redis>(&mut s, "redis", &args.url, sizes.drain, secs).await;
+        }
         if args.runs("forward_kafka") {
             forwarding::<forward::Kafka>(&mut s, "kafka", &args.url, sizes.drain, secs).await;
         }
@@ -475,6 +480,16 @@ async fn forwarding<B: forward::Broker>(
         s.add(format!("{broker} relay c{concurrency} events/s"), measured.relay);
         s.add(format!("{broker} bare w{concurrency} events/s"), measured.bare);
         s.add(format!("{broker} relay vs bare c{concurrency}"), measured.relay / measured.bare);
+        s.add(format!("{broker} handled events/s c{concurrency}"), measured.handled);
+        let vs_handled = measured.relay / measured.handled;
+        s.add(format!("{broker} relay vs handled c{concurrency}"), vs_handled);
+        let cpu = &measured.cpu;
+        for (way, spent) in [("relay", &cpu.relay), ("bare", &cpu.bare), ("handled", &cpu.handled)]
+        {
+            let per_event = spent.busy_secs * 1e6 / events as f64;
+            s.add(format!("{broker} {way} c{concurrency} cpu us/event"), per_event);
+            s.add(format!("{broker} {way} c{concurrency} cpu busy"), spent.utilization);
+        }
         let profile = &measured.profile;
         s.add(format!("{broker} relay c{concurrency} batch size"), profile.batch_size);
         s.add(format!("{broker} relay c{concurrency} confirm ms"), profile.confirm_ms);
@@ -683,8 +698,12 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             target(m("deleted/s") >= m("produced/s"), "deleted/s ≥ produced/s"),
         ));
     }
-    let brokers =
-        [("nats", "NATS JetStream"), ("rabbitmq", "RabbitMQ"), ("kafka", "Kafka (tansu)")];
+    let brokers = [
+        ("nats", "NATS JetStream"),
+        ("rabbitmq", "RabbitMQ"),
+        ("redis", "Redis Streams"),
+        ("kafka", "Kafka (tansu)"),
+    ];
     for (broker, name) in brokers {
         let m = |what: &str| s.median(&format!("{broker} {what}"));
         rows.push((
@@ -699,6 +718,31 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
                 m("bare w256 events/s")
             ),
             target(m("relay vs bare c256") >= 0.8, "≥ 0.8x"),
+        ));
+        rows.push((
+            format!(
+                "forward {d} to {name}, 1 relay (defaults) vs the same relay handling the same \
+                 backlog with a no-op handler (defaults)"
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("relay vs handled c256"),
+                m("relay c256 events/s"),
+                m("handled events/s c256")
+            ),
+            target(m("relay vs handled c256") >= 0.9, "≥ 0.9x"),
+        ));
+        let cpu = |way: &str| {
+            let m = |what: &str| s.median(&format!("{broker} {way} c256 cpu {what}"));
+            format!("{:.1} µs ({:.0}% busy)", m("us/event"), m("busy") * 100.0)
+        };
+        rows.push((
+            format!(
+                "profile: the machine's CPU per event to {name} (every process), forwarding vs \
+                 no-op handler vs bare client"
+            ),
+            format!("{} vs {} vs {}", cpu("relay"), cpu("handled"), cpu("bare")),
+            String::new(),
         ));
         rows.push((
             format!("option: forward {d} to {name}, concurrency 16 vs bare client, window 16"),
