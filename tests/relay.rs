@@ -577,6 +577,53 @@ async fn shutdown_hands_leased_rows_back(pool: PgPool) {
     }
 }
 
+/// While a backlog drains, the next lease runs beside the deliveries instead of after them:
+/// with every slot busy the relay still leases the rows it starts next, one lease ahead and no
+/// further, and hands all of them back at shutdown.
+#[sqlx::test(migrations = false)]
+async fn a_draining_relay_leases_one_batch_ahead_and_hands_it_back(pool: PgPool) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &(0..20).map(placed).collect::<Vec<_>>()).await;
+    let leased = || async {
+        let ids = &ids;
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.events WHERE event_id = ANY($1) AND lease_token IS NOT NULL",
+        )
+        .bind(ids)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    async fn hangs(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().notify_one();
+        std::future::pending().await
+    }
+    let started = Arc::new(Notify::new());
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(started.clone())
+            .handler(hangs)
+            .concurrency(2)
+            .batch_size(4)
+            .shutdown_timeout(Duration::from_millis(200)),
+    );
+    started.notified().await;
+    // 4 leased, 2 started, 2 queued: the queue is as short as the slots are many, so the next
+    // 4 are leased while both slots stay busy.
+    eventually("a second lease while every slot is busy", || async { leased().await == 8 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(leased().await, 8, "6 rows queued for 2 busy slots: no third lease");
+    let counts = relay.stop().await;
+
+    assert_eq!(counts.released, 8, "6 never started, 2 cancelled at the shutdown timeout");
+    for id in &ids {
+        let row = row_state(&pool, *id).await;
+        assert!(!row.leased && row.available_now && !row.published, "{id} is free again");
+        assert_eq!(row.attempts, 0, "handing back is not a failed attempt");
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn shutdown_waits_for_running_handlers(pool: PgPool) {
     migrated(&pool).await;

@@ -47,7 +47,7 @@ pub(crate) enum Scan<'a> {
 }
 
 /// Per type, the position of the last row a relay leased, and the newest version it reads.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Positions(HashMap<(String, String), (Position, i32)>);
 
 impl Positions {
