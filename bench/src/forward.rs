@@ -500,7 +500,11 @@ impl Broker for Kafka {
             .unwrap();
         let mut assignment = rdkafka::TopicPartitionList::new();
         for partition in 0..3 {
-            assignment.add_partition_offset(&self.topic, partition, rdkafka::Offset::End).unwrap();
+            // The topic is the workload's own: from its beginning, no offset lookup can race the
+            // first records (a lookup of the end resolved late once, and missed some).
+            assignment
+                .add_partition_offset(&self.topic, partition, rdkafka::Offset::Beginning)
+                .unwrap();
         }
         consumer.assign(&assignment).unwrap();
         tokio::spawn(async move {
