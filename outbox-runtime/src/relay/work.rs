@@ -144,8 +144,8 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                     match rows.map_err(Error::from) {
                         Ok(rows) => {
                             retry = FIRST_LEASE_RETRY;
-                            caught_up = rows.is_empty();
-                            if self.record(relay, lease, rows) {
+                            caught_up = !self.record(relay, lease, rows);
+                            if !caught_up {
                                 idle.found_work(&connections.relay).await;
                             }
                         }
