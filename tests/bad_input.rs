@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::{
-    emit, emit_all, emit_all_with, emit_with, EmitOptions, Error, EventContext, InvalidEvent,
-    OutboxEvent, Relay, UnknownEvents,
+    emit, emit_all, emit_all_with, emit_idempotent, emit_with, EmitOptions, Emitted, Error,
+    EventContext, InvalidEvent, OutboxEvent, Relay, UnknownEvents,
 };
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -198,11 +198,12 @@ fn note_headers(s: &str, index: usize) -> Value {
 
 /// Emits `note(s)` with `s` as a header name and value and as the idempotency key.
 async fn emit_note(pool: &PgPool, s: &str, index: usize) -> Uuid {
-    let options = EmitOptions::new().header("index", index).header(s, s).idempotency_key(s);
+    let options = EmitOptions::new().header("index", index).header(s, s);
     let mut tx = pool.begin().await.unwrap();
-    let id = emit_with(&mut tx, &note(s), options).await.unwrap();
+    let emitted = emit_idempotent(&mut tx, &note(s), s, options).await.unwrap();
     tx.commit().await.unwrap();
-    id
+    assert!(emitted.is_written(), "{s:?}: {emitted:?}");
+    emitted.event_id()
 }
 
 /// One delivery as the handler saw it.
@@ -264,10 +265,9 @@ async fn round_trip(pool: &PgPool, strings: &[&str]) -> Vec<Uuid> {
 
         // The key is found again by emit's lookup, and nothing more is written.
         let mut tx = pool.begin().await.unwrap();
-        let again =
-            emit_with(&mut tx, &note("other"), EmitOptions::new().idempotency_key(*s)).await;
+        let again = emit_idempotent(&mut tx, &note("other"), s, EmitOptions::new()).await;
         tx.commit().await.unwrap();
-        assert_eq!(again.unwrap(), *id, "the key {s:?} names its first event");
+        assert_eq!(again.unwrap(), Emitted::Found(*id), "the key {s:?} names its first event");
     }
     assert_eq!(count_rows(pool).await - before, strings.len() as i64, "duplicates wrote nothing");
 
@@ -548,18 +548,20 @@ async fn nul_in_header_names_and_keys_is_a_typed_error_and_writes_nothing(pool: 
         EmitOptions::new().header("ok", "r-1").header("late\0", 1),
         EmitOptions::new().header("nested", serde_json::json!({ "in\0ner": [1, 2] })),
         EmitOptions::new().header("nested", serde_json::json!([{ "a": "b\0" }])),
-        EmitOptions::new().idempotency_key("key\0"),
-        EmitOptions::new().idempotency_key("\0"),
     ];
     for options in nul_options {
         let result = emit_with(&mut tx, &note("n"), options.clone()).await;
         assert!(is_nul_error(&result), "{options:?}: {result:?}");
     }
+    for key in ["key\0", "\0"] {
+        let result = emit_idempotent(&mut tx, &note("n"), key, EmitOptions::new()).await;
+        assert!(is_nul_error(&result), "{key:?}: {result:?}");
+    }
     // A NUL in a header name refuses a whole batch.
     let batch = [note("a"), note("b")];
     let result = emit_all_with(&mut tx, &batch, EmitOptions::new().header("x\0", 1)).await;
     assert!(is_nul_error(&result), "{result:?}");
-    let result = emit_with(&mut tx, &note("n"), EmitOptions::new().idempotency_key("k\0")).await;
+    let result = emit_idempotent(&mut tx, &note("n"), "k\0", EmitOptions::new()).await;
     let message = chain(&result.unwrap_err());
     assert!(message.contains("the idempotency key holds a NUL character"), "{message}");
     // A batch whose last event has a NUL in its aggregate id writes none of them.

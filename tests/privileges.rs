@@ -14,7 +14,8 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_runtime::dead_letters::{self, DeadFilter};
 use outbox_runtime::{
-    emit, emit_all, emit_with, EmitOptions, Error, EventContext, Relay, TransactionContext,
+    emit, emit_all, emit_idempotent, emit_with, EmitOptions, Emitted, Error, EventContext, Relay,
+    TransactionContext,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -191,22 +192,23 @@ async fn the_app_role_can_emit_every_way(pool: PgPool) {
     let batch = emit_all(&mut tx, &[placed(4), placed(5)]).await.expect("batch emit");
     let ordered = [Posted { account: 1, n: 1 }, Posted { account: 1, n: 2 }];
     let ordered = emit_all(&mut tx, &ordered).await.expect("ordered emit (advisory locks)");
-    let keyed = emit_with(&mut tx, &placed(6), EmitOptions::new().idempotency_key("cmd-1"))
+    let keyed = emit_idempotent(&mut tx, &placed(6), "cmd-1", EmitOptions::new())
         .await
         .expect("keyed emit");
-    let duplicate = emit_with(&mut tx, &placed(7), EmitOptions::new().idempotency_key("cmd-1"))
+    assert!(keyed.is_written(), "{keyed:?}");
+    let duplicate = emit_idempotent(&mut tx, &placed(7), "cmd-1", EmitOptions::new())
         .await
         .expect("duplicate key in the same transaction");
-    assert_eq!(duplicate, keyed);
+    assert_eq!(duplicate, Emitted::Found(keyed.event_id()));
     tx.commit().await.unwrap();
 
     // In later transactions: the duplicate key is found by emit's lookup; ordered emits of the
     // same aggregate queue behind each other's lock.
     let mut tx = app.begin().await.unwrap();
-    let again = emit_with(&mut tx, &placed(8), EmitOptions::new().idempotency_key("cmd-1"))
+    let again = emit_idempotent(&mut tx, &placed(8), "cmd-1", EmitOptions::new())
         .await
         .expect("duplicate key in a later transaction");
-    assert_eq!(again, keyed);
+    assert_eq!(again, Emitted::Found(keyed.event_id()));
     let third = emit(&mut tx, &Posted { account: 1, n: 3 }).await.unwrap();
     tx.commit().await.unwrap();
     // A rolled-back emit leaves nothing, under the app role as under any.
@@ -231,7 +233,7 @@ async fn the_app_role_can_emit_every_way(pool: PgPool) {
         (batch[1], 5, false, false, None),
         (ordered[0], 1, true, false, None),
         (ordered[1], 2, true, false, None),
-        (keyed, 6, false, false, Some("cmd-1".to_owned())),
+        (keyed.event_id(), 6, false, false, Some("cmd-1".to_owned())),
         (third, 3, true, false, None),
     ];
     assert_eq!(rows, expected);
@@ -332,7 +334,8 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
     let roles = setup(&pool, Migrator::Superuser).await;
     let app = roles.pool_as(&pool, &roles.app).await;
     let mut tx = app.begin().await.unwrap();
-    let id = emit_with(&mut tx, &placed(1), EmitOptions::new().idempotency_key("k")).await.unwrap();
+    let id =
+        emit_idempotent(&mut tx, &placed(1), "k", EmitOptions::new()).await.unwrap().event_id();
     tx.commit().await.unwrap();
 
     for sql in [
@@ -720,7 +723,8 @@ async fn the_owner_role_migrates_and_grants_without_superuser(pool: PgPool) {
     let app = roles.pool_as(&pool, &roles.app).await;
     let relay_pool = roles.pool_as(&pool, &roles.relay).await;
     let mut tx = app.begin().await.unwrap();
-    let id = emit_with(&mut tx, &placed(1), EmitOptions::new().idempotency_key("k")).await.unwrap();
+    let id =
+        emit_idempotent(&mut tx, &placed(1), "k", EmitOptions::new()).await.unwrap().event_id();
     tx.commit().await.unwrap();
     let desk = Desk::default();
     deliver(

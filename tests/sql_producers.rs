@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::{EmitOptions, EventContext, OutboxEvent, Relay};
+use outbox_runtime::{emit_idempotent, EmitOptions, EventContext, OutboxEvent, Relay};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
@@ -518,10 +518,20 @@ async fn a_repeated_idempotency_key_returns_the_first_event(pool: PgPool) {
     tx.commit().await.unwrap();
 
     // SQL and Rust share the keys.
-    let keyed = |key: &str| EmitOptions::new().idempotency_key(key);
-    assert_eq!(commit_with(&pool, &noted(1, 7), keyed("cmd-1")).await, first, "Rust after SQL");
-    let by_rust = commit_with(&pool, &noted(1, 8), keyed("cmd-4")).await;
-    assert_eq!(sql_keyed(&mut conn, "cmd-4", 9).await, by_rust, "SQL after Rust");
+    let commit_keyed = |event: Noted, key: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let emitted = emit_idempotent(&mut tx, &event, key, EmitOptions::new()).await.unwrap();
+            tx.commit().await.unwrap();
+            emitted
+        }
+    };
+    let rust_after_sql = commit_keyed(noted(1, 7), "cmd-1").await;
+    assert_eq!(rust_after_sql, outbox_runtime::Emitted::Found(first), "Rust after SQL");
+    let by_rust = commit_keyed(noted(1, 8), "cmd-4").await;
+    assert!(by_rust.is_written(), "{by_rust:?}");
+    assert_eq!(sql_keyed(&mut conn, "cmd-4", 9).await, by_rust.event_id(), "SQL after Rust");
     drop(conn);
 
     // Racing: the second waits for the first's transaction and gets its event if it commits,

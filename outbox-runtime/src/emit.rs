@@ -74,12 +74,91 @@ pub async fn emit_all<'e, E: OutboxEvent + 'e>(
 }
 
 /// [`emit_all`] with the same headers and delay applied to every event.
-///
-/// An idempotency key applies to one event: with a key, `events` must hold exactly one.
 pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     tx: &mut Transaction<'_, Postgres>,
     events: impl IntoIterator<Item = &'e E>,
     options: EmitOptions,
+) -> Result<Vec<Uuid>, Error> {
+    write(tx, events, options, None).await
+}
+
+/// Writes `event` as part of `tx` unless an event of the same aggregate type was stored under
+/// `key` before (a retried request, a replayed command), and says which happened.
+///
+/// Keys are scoped per aggregate type and live as long as the event's row. Two transactions
+/// racing on one key end with one event: the second waits for the first to commit or roll back,
+/// then finds its event (commit) or writes its own (rollback). Within one transaction a repeated
+/// key finds the event written earlier in it.
+///
+/// ```no_run
+/// # use outbox_runtime::sqlx;
+/// # use outbox_runtime::{EmitOptions, Emitted, OutboxEvent};
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order", event_type = "order.placed")]
+/// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+/// # async fn place(pool: sqlx::PgPool, request_id: &str) -> Result<(), outbox_runtime::Error> {
+/// let mut tx = pool.begin().await?;
+/// let placed = OrderPlaced { order_id: 7 };
+/// match outbox_runtime::emit_idempotent(&mut tx, &placed, request_id, EmitOptions::new()).await? {
+///     Emitted::Written(_) => { /* the first time: change the state along with it */ }
+///     Emitted::Found(_) => { /* a retry: the first request did all of it */ }
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`emit`]; [`InvalidEvent::NulCharacter`] for a key holding a NUL character.
+pub async fn emit_idempotent<E: OutboxEvent>(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &E,
+    key: &str,
+    options: EmitOptions,
+) -> Result<Emitted, Error> {
+    let written = write(tx, [event], options, Some(key)).await?;
+    if let [event_id] = written[..] {
+        return Ok(Emitted::Written(event_id));
+    }
+    // The key was stored already (by an earlier emit, or a concurrent one that committed while
+    // this insert waited on it): that event stands for this one. It committed before the insert
+    // gave up on it, so it is visible.
+    let found = store::event_for_key(tx, E::AGGREGATE_TYPE, key).await?;
+    Ok(Emitted::Found(found.ok_or(sqlx::Error::RowNotFound)?))
+}
+
+/// What [`emit_idempotent`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum Emitted {
+    /// No event was stored under the key: this one was written, with this id, and is delivered
+    /// once the transaction commits.
+    Written(Uuid),
+    /// An event was stored under the key before: nothing was written; this is that event's id.
+    Found(Uuid),
+}
+
+impl Emitted {
+    /// The id of the event that stands for the emit: the one written or the one found.
+    pub fn event_id(self) -> Uuid {
+        match self {
+            Emitted::Written(id) | Emitted::Found(id) => id,
+        }
+    }
+
+    /// Whether this emit wrote its event.
+    pub fn is_written(self) -> bool {
+        matches!(self, Emitted::Written(_))
+    }
+}
+
+/// Writes `events` in one statement; returns the ids written, in order. Under `key` (one event),
+/// none if the key was stored already.
+async fn write<'e, E: OutboxEvent + 'e>(
+    tx: &mut Transaction<'_, Postgres>,
+    events: impl IntoIterator<Item = &'e E>,
+    options: EmitOptions,
+    key: Option<&str>,
 ) -> Result<Vec<Uuid>, Error> {
     // Read here, in the caller's span, before anything is awaited.
     #[cfg(feature = "opentelemetry")]
@@ -96,7 +175,7 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
         // Checked with the first event, so an error names an event type.
         if headers.is_none() {
             headers = Some(json::to_json(&options.headers, "a header").map_err(invalid)?);
-            if options.idempotency_key.as_deref().is_some_and(|key| key.contains('\0')) {
+            if key.is_some_and(|key| key.contains('\0')) {
                 return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
             }
         }
@@ -110,28 +189,14 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
     let Some(headers) = headers else {
         return Ok(Vec::new());
     };
-    if rows.len() > 1 && options.idempotency_key.is_some() {
-        let event_type = E::EVENT_TYPES[0].name();
-        return Err(Error::InvalidEvent { event_type, reason: InvalidEvent::KeyedBatch });
-    }
-
     let shared = store::InsertShared {
         aggregate_type: E::AGGREGATE_TYPE,
         headers: &headers,
         available: options.available,
-        idempotency_key: options.idempotency_key.as_deref(),
+        idempotency_key: key,
     };
     let inserted = store::insert_events(tx, shared, &rows).await?;
-    match options.idempotency_key {
-        // The key was stored already (by an earlier emit, or a concurrent one that committed
-        // while this insert waited on it): that event stands for this one.
-        Some(key) if inserted.is_empty() => {
-            let first = store::event_for_key(tx, E::AGGREGATE_TYPE, &key).await?;
-            // The conflicting row committed before our insert gave up on it, so it is visible.
-            Ok(vec![first.ok_or(sqlx::Error::RowNotFound)?])
-        }
-        _ => Ok(rows.event_ids),
-    }
+    Ok(if key.is_some() { inserted } else { rows.event_ids })
 }
 
 /// Per-emit settings: correlation headers and when the event becomes deliverable.
@@ -149,7 +214,6 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
 pub struct EmitOptions {
     headers: Map<String, Value>,
     available: Available,
-    idempotency_key: Option<String>,
 }
 
 impl EmitOptions {
@@ -176,17 +240,6 @@ impl EmitOptions {
     /// Makes the event deliverable no earlier than `at`.
     pub fn available_at(mut self, at: DateTime<Utc>) -> Self {
         self.available = Available::At(at);
-        self
-    }
-
-    /// Makes the emit idempotent: if an event of the same aggregate type was already stored
-    /// under `key` (a retried request, a replayed command), nothing is written and the first
-    /// event's id is returned. Two transactions racing on one key end with one event: the
-    /// second waits for the first to commit or roll back.
-    ///
-    /// Keys are scoped per aggregate type and live as long as the event's row.
-    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
-        self.idempotency_key = Some(key.into());
         self
     }
 }

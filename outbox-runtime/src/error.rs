@@ -127,9 +127,6 @@ pub enum InvalidEvent {
         /// The deepest nesting the relay decodes.
         limit: usize,
     },
-    /// An idempotency key was given for a batch of several events; a key names one event.
-    #[error("an idempotency key names one event, but the batch holds several")]
-    KeyedBatch,
 }
 
 /// A boxed error, as handlers return.

@@ -54,7 +54,7 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use emit::{emit, emit_all, emit_all_with, emit_with, EmitOptions};
+pub use emit::{emit, emit_all, emit_all_with, emit_idempotent, emit_with, EmitOptions, Emitted};
 pub use error::{BoxError, Error, InvalidEvent};
 pub use event::{EventType, OutboxEvent};
 #[cfg(feature = "schemars")]

@@ -48,10 +48,6 @@ impl NewEvents {
         self.versions.push(i32::try_from(event_type.version()).unwrap_or(i32::MAX));
         self.ordered.push(event_type.ordered());
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.event_ids.len()
-    }
 }
 
 /// What one insert statement shares across its rows.
