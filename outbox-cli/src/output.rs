@@ -59,7 +59,7 @@ fn event_json(event: &DeadEvent) -> Value {
         "aggregate_type": event.aggregate_type,
         "aggregate_id": event.aggregate_id,
         "event_type": event.event_type,
-        "event_version": event.event_version,
+        "event_version": event.version,
         "attempts": event.attempts,
         "expired_leases": event.expired_leases,
         "created_at": rfc3339(&event.created_at),
@@ -157,7 +157,7 @@ fn dead_show(event: &DeadEvent) -> String {
     fields.row(["aggregate type".into(), event.aggregate_type.clone()]);
     fields.row(["aggregate id".into(), event.aggregate_id.clone()]);
     fields.row(["event type".into(), event.event_type.clone()]);
-    fields.row(["version".into(), event.event_version.to_string()]);
+    fields.row(["version".into(), event.version.to_string()]);
     fields.row(["attempts".into(), event.attempts.to_string()]);
     fields.row(["expired leases".into(), event.expired_leases.to_string()]);
     fields.row(["created at".into(), timestamp(&event.created_at)]);

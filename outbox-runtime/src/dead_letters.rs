@@ -13,12 +13,62 @@
 //! # Ok(()) }
 //! ```
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::Error;
-pub use crate::store::DeadEvent;
-use crate::store::{self, DeadSelection};
+use crate::store::{self, DeadRow, DeadSelection};
+
+/// A dead event, with what an operator needs to decide its fate.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadEvent {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The version the payload was written at.
+    pub version: u32,
+    /// The payload as stored.
+    pub payload: serde_json::Value,
+    /// The headers as stored.
+    pub headers: serde_json::Value,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+    /// When it exhausted its attempts or its expired leases.
+    pub dead_at: DateTime<Utc>,
+    /// Failed deliveries.
+    pub attempts: u32,
+    /// Leases that expired before a relay acknowledged the event (counted apart).
+    pub expired_leases: u32,
+    /// The last failure's text.
+    pub last_error: Option<String>,
+}
+
+impl From<DeadRow> for DeadEvent {
+    fn from(row: DeadRow) -> Self {
+        // The relay only ever counts up from 0, and the version has a CHECK (>= 1).
+        DeadEvent {
+            event_id: row.event_id,
+            aggregate_type: row.aggregate_type,
+            aggregate_id: row.aggregate_id,
+            event_type: row.event_type,
+            version: u32::try_from(row.event_version).unwrap_or(1),
+            payload: row.payload,
+            headers: row.headers,
+            created_at: row.created_at,
+            dead_at: row.dead_at,
+            attempts: u32::try_from(row.attempts).unwrap_or(0),
+            expired_leases: u32::try_from(row.expired_leases).unwrap_or(0),
+            last_error: row.last_error,
+        }
+    }
+}
 
 /// Which dead events an operation applies to: all of them, narrowed by the given fields.
 /// There is deliberately no `Default`: acting on every dead event is spelled [`DeadFilter::all`].
@@ -69,13 +119,14 @@ pub async fn list(
     after: Option<Uuid>,
     limit: u32,
 ) -> Result<Vec<DeadEvent>, Error> {
-    Ok(store::dead(pool, &filter.selection(), after, i64::from(limit)).await?)
+    let rows = store::dead(pool, &filter.selection(), after, i64::from(limit)).await?;
+    Ok(rows.into_iter().map(DeadEvent::from).collect())
 }
 
 /// The dead event with this id, if there is one.
 pub async fn get(pool: &PgPool, event_id: Uuid) -> Result<Option<DeadEvent>, Error> {
     let mut found = store::dead(pool, &DeadFilter::event(event_id).selection(), None, 1).await?;
-    Ok(found.pop())
+    Ok(found.pop().map(DeadEvent::from))
 }
 
 /// Makes the matching dead events pending again: attempts reset to 0, deliverable at once,

@@ -27,7 +27,7 @@ pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, New
 pub(crate) use lease::{
     lease, LeasePlan, LeaseTypes, LeasedEvent, Positions, Scan, TypeVersions, RELAY_SESSION,
 };
-pub use ops::DeadEvent;
+pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type, stats_by_type,
     DeadSelection, TypeCounts,

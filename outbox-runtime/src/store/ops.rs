@@ -8,34 +8,21 @@ use uuid::Uuid;
 
 use super::{micros, Query, Rows, Scalar, NOTIFY_CHANNEL};
 
-/// A dead event, with what an operator needs to decide its fate.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-#[non_exhaustive]
-pub struct DeadEvent {
-    /// The event's id.
-    pub event_id: Uuid,
-    /// The aggregate type.
-    pub aggregate_type: String,
-    /// The aggregate id.
-    pub aggregate_id: String,
-    /// The event type.
-    pub event_type: String,
-    /// The version the payload was written at.
-    pub event_version: i32,
-    /// The payload as stored.
-    pub payload: serde_json::Value,
-    /// The headers as stored.
-    pub headers: serde_json::Value,
-    /// When it was emitted.
-    pub created_at: DateTime<Utc>,
-    /// When it exhausted its attempts or its expired leases.
-    pub dead_at: DateTime<Utc>,
-    /// Failed deliveries.
-    pub attempts: i32,
-    /// Leases that expired before a relay acknowledged the event (counted apart).
-    pub expired_leases: i32,
-    /// The last failure's text.
-    pub last_error: Option<String>,
+/// A dead row as stored; the public [`crate::dead_letters::DeadEvent`] is made from it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct DeadRow {
+    pub(crate) event_id: Uuid,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) event_version: i32,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) headers: serde_json::Value,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) dead_at: DateTime<Utc>,
+    pub(crate) attempts: i32,
+    pub(crate) expired_leases: i32,
+    pub(crate) last_error: Option<String>,
 }
 
 /// Per `(aggregate_type, event_type, event_version)`: `pending`, `dead`, and the oldest pending
@@ -179,7 +166,7 @@ pub(crate) async fn dead(
     selection: &DeadSelection<'_>,
     after: Option<Uuid>,
     limit: i64,
-) -> Result<Vec<DeadEvent>, sqlx::Error> {
+) -> Result<Vec<DeadRow>, sqlx::Error> {
     dead_query(selection, after, limit).fetch_all(pool).await
 }
 
@@ -187,7 +174,7 @@ pub(super) fn dead_query<'q>(
     selection: &DeadSelection<'q>,
     after: Option<Uuid>,
     limit: i64,
-) -> Rows<'q, DeadEvent> {
+) -> Rows<'q, DeadRow> {
     sqlx::query_as(concat!(
         "SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
                 headers, created_at, dead_at, attempts, expired_leases, last_error \
