@@ -25,6 +25,8 @@ use crate::store::OnPublish;
 /// converts into [`BoxError`] (any `std::error::Error + Send + Sync + 'static`, or
 /// `anyhow::Error`). The relay finds the event type from `E`, so it is never spelled twice. `M`
 /// is a marker, `(context, event)`, that tells the two kinds apart; it is always inferred.
+///
+/// Sealed: functions of that shape are the only handlers, and no other type can implement it.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an outbox handler",
     label = "expected `async fn(EventContext<S>, E) -> Result<(), Err>`",
@@ -33,13 +35,9 @@ use crate::store::OnPublish;
             where `E: OutboxEvent`, `Err: Into<BoxError>` (e.g. any `std::error::Error + Send + Sync + 'static`), \
             `S` is the relay's state type (`()` if none), and the future is `Send`"
 )]
-pub trait Handler<M, S>: Clone + Send + Sync + 'static {
+pub trait Handler<M, S>: sealed::IntoRoute<M, S> + Clone + Send + Sync + 'static {
     /// The event type the handler takes.
     type Event: OutboxEvent;
-
-    /// The handler behind the relay's erased route. Not for applications.
-    #[doc(hidden)]
-    fn into_route(self) -> ErasedRoute<S>;
 }
 
 impl<F, Fut, C, E, S, Err> Handler<(C, E), S> for F
@@ -51,7 +49,16 @@ where
     Err: Into<BoxError>,
 {
     type Event = E;
+}
 
+impl<F, Fut, C, E, S, Err> sealed::IntoRoute<(C, E), S> for F
+where
+    F: Fn(C, E) -> Fut + Clone + Send + Sync + 'static,
+    C: HandlerContext<S>,
+    E: OutboxEvent + Send + 'static,
+    Fut: Future<Output = Result<(), Err>> + Send + 'static,
+    Err: Into<BoxError>,
+{
     fn into_route(self) -> ErasedRoute<S> {
         C::route(self)
     }
@@ -59,25 +66,18 @@ where
 
 /// The first argument of a [`Handler`]: [`EventContext<S>`], or
 /// [`TransactionContext<S>`](crate::TransactionContext) to write in the transaction the event is
-/// acknowledged in. `S` is the relay's state type. Implemented by those two only.
+/// acknowledged in. `S` is the relay's state type. Sealed: implemented by those two only.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not the context of a handler on a relay with state `{S}`",
     label = "expected `EventContext<{S}>` or `TransactionContext<{S}>`",
     note = "a handler's first argument is `EventContext<S>`, or `TransactionContext<S>` to write in the \
             acknowledgement's transaction, where `S` is the type given to `RelayBuilder::state` (`()` if none)"
 )]
-pub trait HandlerContext<S>: Sized + Send + 'static {
-    /// The route that delivers to `handler` with this context. Not for applications.
-    #[doc(hidden)]
-    fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
-    where
-        F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
-        E: OutboxEvent + Send + 'static,
-        Fut: Future<Output = Result<(), Err>> + Send + 'static,
-        Err: Into<BoxError>;
-}
+pub trait HandlerContext<S>: sealed::Route<S> + Sized + Send + 'static {}
 
-impl<S: Send + 'static> HandlerContext<S> for EventContext<S> {
+impl<S: Send + 'static> HandlerContext<S> for EventContext<S> {}
+
+impl<S: Send + 'static> sealed::Route<S> for EventContext<S> {
     fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
     where
         F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
@@ -89,8 +89,32 @@ impl<S: Send + 'static> HandlerContext<S> for EventContext<S> {
     }
 }
 
+/// What makes [`Handler`] and [`HandlerContext`] sealed: their workings live in traits that
+/// only this crate can name (public in a private module).
+pub(crate) mod sealed {
+    use std::future::Future;
+
+    use super::ErasedRoute;
+    use crate::error::BoxError;
+    use crate::event::OutboxEvent;
+
+    /// A handler turned into the relay's erased route.
+    pub trait IntoRoute<M, S> {
+        fn into_route(self) -> ErasedRoute<S>;
+    }
+
+    /// The route that delivers to `handler` with this context.
+    pub trait Route<S>: Sized {
+        fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
+        where
+            F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
+            E: OutboxEvent + Send + 'static,
+            Fut: Future<Output = Result<(), Err>> + Send + 'static,
+            Err: Into<BoxError>;
+    }
+}
+
 /// A handler erased behind [`Route`]; opaque outside the crate.
-#[doc(hidden)]
 pub struct ErasedRoute<S>(pub(crate) Box<dyn Route<S>>);
 
 /// How a delivery that did not fail ended.

@@ -18,7 +18,7 @@ use crate::error::{is_unavailable, BoxError, ErrorChain};
 use crate::event::OutboxEvent;
 use crate::relay::context::{EventContext, RowMeta};
 use crate::relay::handler::{
-    DeliveryLease, ErasedRoute, HandlerContext, Payload, Route, RouteFuture, Settled,
+    sealed, DeliveryLease, ErasedRoute, HandlerContext, Payload, Route, RouteFuture, Settled,
 };
 use crate::store;
 
@@ -73,7 +73,9 @@ impl<S> Drop for TransactionContext<S> {
     }
 }
 
-impl<S: Send + 'static> HandlerContext<S> for TransactionContext<S> {
+impl<S: Send + 'static> HandlerContext<S> for TransactionContext<S> {}
+
+impl<S: Send + 'static> sealed::Route<S> for TransactionContext<S> {
     fn route<F, Fut, E, Err>(handler: F) -> ErasedRoute<S>
     where
         F: Fn(Self, E) -> Fut + Clone + Send + Sync + 'static,
