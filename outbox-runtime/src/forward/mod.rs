@@ -66,6 +66,43 @@ pub struct OutboundMessage {
     pub payload: Vec<u8>,
 }
 
+impl OutboundMessage {
+    /// A message without headers, as a test of a custom [`Sink`] makes one (the relay maps rows
+    /// itself); add headers with [`header`](Self::header).
+    ///
+    /// ```
+    /// use outbox_runtime::forward::OutboundMessage;
+    /// use uuid::Uuid;
+    ///
+    /// let id = Uuid::now_v7();
+    /// let message = OutboundMessage::new("order.placed", id, "order-7", br#"{"order_id":7}"#.to_vec())
+    ///     .header("outbox-event-id", id.to_string());
+    /// assert_eq!(message.headers, [("outbox-event-id".to_owned(), id.to_string())]);
+    /// assert_eq!(message.content_type, "application/json");
+    /// ```
+    pub fn new(
+        destination: impl Into<String>,
+        id: Uuid,
+        key: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        OutboundMessage {
+            destination: destination.into(),
+            id,
+            key: key.into(),
+            headers: Vec::new(),
+            content_type: "application/json",
+            payload: payload.into(),
+        }
+    }
+
+    /// Adds a header after those it has.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
 /// Why a broker did not take a message (or a sink cannot start), and whose fault it is.
 ///
 /// The [`kind`](SinkError::kind) decides what the relay does: a message the broker
