@@ -4,6 +4,50 @@
 //! [`Relay`] delivers committed events to typed handlers, at least once, retrying with backoff
 //! and keeping the ones that exhaust their attempts as [`dead_letters`].
 //!
+//! # Quickstart
+//!
+//! ```no_run
+//! use outbox_runtime::{EventContext, OutboxEvent, Relay};
+//! use serde::{Deserialize, Serialize};
+//!
+//! /// An event: a serde type with its aggregate, event type and the field that is the aggregate id.
+//! #[derive(Serialize, Deserialize, OutboxEvent)]
+//! #[outbox(aggregate = "order", event_type = "order.placed")]
+//! struct OrderPlaced {
+//!     #[outbox(id)]
+//!     order_id: i64,
+//!     total_cents: i64,
+//! }
+//!
+//! /// A handler: called at least once per event, retried with backoff while it fails.
+//! async fn send_receipt(ctx: EventContext<()>, event: OrderPlaced) -> Result<(), std::io::Error> {
+//!     println!("order {} placed (event {})", event.order_id, ctx.event_id());
+//!     Ok(())
+//! }
+//!
+//! # async fn run(pool: outbox_runtime::sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! outbox_runtime::migrate(&pool).await?;
+//!
+//! // The state change and its event commit together, or neither does.
+//! let mut tx = pool.begin().await?;
+//! outbox_runtime::sqlx::query("INSERT INTO orders (id, total_cents) VALUES (7, 4200)")
+//!     .execute(&mut *tx)
+//!     .await?;
+//! outbox_runtime::emit(&mut tx, &OrderPlaced { order_id: 7, total_cents: 4200 }).await?;
+//! tx.commit().await?;
+//!
+//! // The relay delivers committed events until the shutdown future completes.
+//! let relay = Relay::builder(pool).handler(send_receipt).build()?;
+//! relay.run_until(async { tokio::signal::ctrl_c().await.unwrap() }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The README covers the rest: forwarding to brokers (the [`forward`] module), ordering,
+//! transactional handlers, event versions, operations and the CLI.
+//!
+//! # Cargo features
+#![doc = document_features::document_features!()]
+//!
 //! The crate enables no TLS: it connects through the pool you give it, so your application's
 //! sqlx features decide (`tls-rustls` or `tls-native-tls` for `sslmode=require` and up). The
 //! forwarding sinks' broker clients (async-nats, lapin, redis) likewise speak TLS with the
@@ -19,6 +63,7 @@
 //! leased row becomes visible to other relays again once the lease statement commits (so two
 //! relays deliver it), is what the relay's leases and fencing tokens fix.
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The driver seam: the whole crate names `sqlx`, which is whichever version the features chose.
 // Both versions accept every statement and type this crate uses, so there is one copy of the
