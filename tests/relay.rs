@@ -547,11 +547,8 @@ async fn unknown_event_types_fail_when_asked_to(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = false)]
-async fn shutdown_hands_leased_rows_back(pool: PgPool) {
-    migrated(&pool).await;
-    let ids = emit_committed(&pool, &(0..5).map(placed).collect::<Vec<_>>()).await;
-
+/// A relay whose handler signals `started` and never returns; shutdown cancels it after 200 ms.
+fn start_hanging(pool: &PgPool, concurrency: usize, batch_size: u32) -> (Running, Arc<Notify>) {
     async fn hangs(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
         ctx.state().notify_one();
         std::future::pending().await
@@ -561,10 +558,19 @@ async fn shutdown_hands_leased_rows_back(pool: PgPool) {
         fast(Relay::builder(pool.clone()))
             .state(started.clone())
             .handler(hangs)
-            .concurrency(1)
-            .batch_size(10)
+            .concurrency(concurrency)
+            .batch_size(batch_size)
             .shutdown_timeout(Duration::from_millis(200)),
     );
+    (relay, started)
+}
+
+#[sqlx::test(migrations = false)]
+async fn shutdown_hands_leased_rows_back(pool: PgPool) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &(0..5).map(placed).collect::<Vec<_>>()).await;
+
+    let (relay, started) = start_hanging(&pool, 1, 10);
     started.notified().await;
     assert!(row_state(&pool, ids[4]).await.leased, "the whole batch was leased");
     let counts = relay.stop().await;
@@ -595,19 +601,7 @@ async fn a_draining_relay_leases_one_batch_ahead_and_hands_it_back(pool: PgPool)
         .unwrap()
     };
 
-    async fn hangs(ctx: EventContext<Arc<Notify>>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().notify_one();
-        std::future::pending().await
-    }
-    let started = Arc::new(Notify::new());
-    let relay = Running::start(
-        fast(Relay::builder(pool.clone()))
-            .state(started.clone())
-            .handler(hangs)
-            .concurrency(2)
-            .batch_size(4)
-            .shutdown_timeout(Duration::from_millis(200)),
-    );
+    let (relay, started) = start_hanging(&pool, 2, 4);
     started.notified().await;
     // 4 leased, 2 started, 2 queued: the queue is as short as the slots are many, so the next
     // 4 are leased while both slots stay busy.
