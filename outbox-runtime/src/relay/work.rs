@@ -273,6 +273,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         // Half a lease ahead: its statement returns long before half a lease is delivered.
         self.refill_below = full.then(|| (rows.len() / 2).max(relay.config.concurrency));
         let found = !rows.is_empty();
+        let deadline = lease.sent_at + relay.config.lease_timeout;
         for row in rows {
             if row.died {
                 let event_id = row.event_id;
@@ -281,7 +282,6 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
                 continue;
             }
             // A row already held is already being delivered or acknowledged here.
-            let deadline = lease.sent_at + relay.config.lease_timeout;
             if let Some(held) = self.held.lease(row.event_id, row.lease_token, deadline) {
                 let route = relay.route(&row);
                 self.queue.push_back(Delivery {
