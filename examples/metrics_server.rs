@@ -24,7 +24,7 @@ struct OrderPlaced {
 }
 
 async fn on_placed(ctx: EventContext, event: OrderPlaced) -> Result<(), std::io::Error> {
-    if event.n.is_multiple_of(10) && ctx.attempt() == 1 {
+    if event.n.is_multiple_of(10) && ctx.attempts() == 0 {
         return Err(std::io::Error::other("simulated downstream hiccup"));
     }
     Ok(())

@@ -22,11 +22,11 @@ struct AppState {
 
 async fn on_placed(ctx: EventContext<AppState>, event: OrderPlaced) -> Result<(), std::io::Error> {
     println!(
-        "handler: order {} placed for {} cents (event {}, attempt {}, request {})",
+        "handler: order {} placed for {} cents (event {}, earlier failures {}, request {})",
         event.order_id,
         event.total_cents,
         ctx.event_id(),
-        ctx.attempt(),
+        ctx.attempts(),
         ctx.header("request_id").unwrap_or("-"),
     );
     let _ = ctx.state().delivered.send(ctx.event_id());

@@ -33,7 +33,7 @@ async fn projection(pool: &PgPool) -> Vec<(Uuid, i32)> {
 
 /// Writes the delivery into the projection, in the handler's transaction.
 async fn project<S>(ctx: &mut TransactionContext<S>) -> Result<(), sqlx::Error> {
-    let (event_id, attempt) = (ctx.event_id(), i32::try_from(ctx.attempt()).unwrap());
+    let (event_id, attempt) = (ctx.event_id(), i32::try_from(ctx.delivery()).unwrap());
     sqlx::query("INSERT INTO projection (event_id, attempt) VALUES ($1, $2)")
         .bind(event_id)
         .bind(attempt)
@@ -85,7 +85,7 @@ async fn a_failing_transactional_handler_leaves_no_writes(pool: PgPool) {
     ) -> Result<(), BoxError> {
         ctx.state().record(&ctx, event.account, event.n);
         project(&mut ctx).await?;
-        if ctx.attempt() == 1 {
+        if ctx.delivery() == 1 {
             return Err("the read model rejected it after writing".into());
         }
         Ok(())
@@ -119,7 +119,7 @@ async fn a_relay_killed_inside_a_transactional_handler_leaves_no_writes(pool: Pg
     ) -> Result<(), BoxError> {
         ctx.state().log.record(&ctx, event.account, event.n);
         project(&mut ctx).await?;
-        if ctx.attempt() == 1 {
+        if ctx.delivery() == 1 {
             ctx.state().started.notify_one();
             std::future::pending::<()>().await;
         }
@@ -228,7 +228,7 @@ async fn a_follow_up_event_exists_iff_the_delivery_committed(pool: PgPool) {
         mut ctx: TransactionContext<FollowUps>,
         event: Noted,
     ) -> Result<(), BoxError> {
-        let attempt = ctx.attempt();
+        let attempt = ctx.delivery();
         let follow_up = Audited { account: event.account, n: attempt };
         let follow_id = outbox_runtime::emit(ctx.tx(), &follow_up).await?;
         ctx.state().lock().unwrap().push((attempt, follow_id));
@@ -301,7 +301,7 @@ async fn an_exhausted_pool_at_begin_costs_a_transactional_handler_no_attempt(poo
         fast(Relay::builder(app.clone())).state(log.clone()).handler(projects).max_attempts(1),
     );
     eventually("the relay handed the row back a few times", || async {
-        relay.metrics.counts().released >= 3
+        relay.metrics.counts().handed_back >= 3
     })
     .await;
     let row = row_state(&pool, id).await;
@@ -337,7 +337,7 @@ async fn a_connection_lost_at_commit_costs_a_transactional_handler_no_attempt(po
     assert_eq!(projection(&pool).await, [(id, 1)], "only the committed delivery's write stands");
     let row = row_state(&pool, id).await;
     assert_eq!((row.published, row.dead, row.attempts), (true, false, 0));
-    assert_eq!((counts.delivered, counts.failed, counts.released), (1, 0, 1));
+    assert_eq!((counts.delivered, counts.failed, counts.handed_back), (1, 0, 1));
 }
 
 #[sqlx::test(migrations = false)]

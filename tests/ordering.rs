@@ -229,7 +229,7 @@ async fn soak_handler(ctx: EventContext<Soak>, event: Posted) -> Result<(), Hand
     }
     // Stay in flight for a moment, so an overlapping delivery would be caught.
     tokio::time::sleep(Duration::from_millis(mix(u64::from(event.n)) % 3)).await;
-    let fails = soak_fails(event.n, ctx.attempt());
+    let fails = soak_fails(event.n, ctx.delivery());
     if !fails {
         soak.0.delivered.lock().unwrap().entry(event.account).or_default().push(event.n);
     }
@@ -238,7 +238,7 @@ async fn soak_handler(ctx: EventContext<Soak>, event: Posted) -> Result<(), Hand
         return Err(HandlerError(format!(
             "random failure of {} on attempt {}",
             event.n,
-            ctx.attempt()
+            ctx.delivery()
         )));
     }
     Ok(())
@@ -599,8 +599,8 @@ async fn a_failing_ordered_event_blocks_only_its_aggregate(pool: PgPool) {
         let state = ctx.state();
         state.log.record(&ctx, event.account, event.n);
         if ctx.event_id() == state.head {
-            if ctx.attempt() < 3 {
-                return Err(HandlerError(format!("A1 fails attempt {}", ctx.attempt())));
+            if ctx.delivery() < 3 {
+                return Err(HandlerError(format!("A1 fails attempt {}", ctx.delivery())));
             }
             state.third_attempt.notify_one();
             state.release.notified().await;

@@ -64,7 +64,7 @@ async fn delivery_spans(event_id: Uuid, count: usize) -> Vec<SpanData> {
             .into_iter()
             .filter(|span| attribute(span, "messaging.message.id") == Some(&id))
             .collect();
-        spans.sort_by_key(|span| attribute(span, "attempt").map(Value::to_string));
+        spans.sort_by_key(|span| attribute(span, "delivery").map(Value::to_string));
         spans
     };
     // The row is acknowledged as its delivery ends: the span can close a moment after.
@@ -173,7 +173,7 @@ async fn the_first_delivery_is_a_consumer_child_of_the_emitter(pool: PgPool) {
         ("messaging.destination.name", Value::from("order.order.placed")),
         ("event_id", Value::from(id.to_string())),
         ("event_type", Value::from("order.placed")),
-        ("attempt", Value::from(1_i64)),
+        ("delivery", Value::from(1_i64)),
         ("traceparent", Value::from(traceparent(&emitter))),
     ];
     for (key, value) in expected {
@@ -192,10 +192,10 @@ async fn a_retry_links_to_the_emitter_instead_of_continuing_its_trace(pool: PgPo
     let spans = delivery_spans(id, 2).await;
     let [first, retry] = &spans[..] else { panic!("two delivery spans, got {}", spans.len()) };
 
-    assert_eq!(attribute(first, "attempt"), Some(&Value::from(1_i64)));
+    assert_eq!(attribute(first, "delivery"), Some(&Value::from(1_i64)));
     assert_eq!(first.parent_span_id, emitter.span_id(), "the first attempt is the emitter's child");
 
-    assert_eq!(attribute(retry, "attempt"), Some(&Value::from(2_i64)));
+    assert_eq!(attribute(retry, "delivery"), Some(&Value::from(2_i64)));
     assert_ne!(retry.span_context.trace_id(), emitter.trace_id(), "a retry starts its own trace");
     assert_ne!(retry.parent_span_id, emitter.span_id());
     let links: Vec<_> = retry.links.iter().map(|link| &link.span_context).collect();

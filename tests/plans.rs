@@ -105,7 +105,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     let nothing = uuids(&[Uuid::now_v7()]);
     let zero = uuids(&[Uuid::nil()]);
     let lease_args = "100, gen_random_uuid(), 30000000, 10, false";
-    let no_failure = format!("{nothing}, {zero}, '{{}}', 10");
+    let no_failure = format!("{nothing}, {zero}, '{{}}'");
     let mut statements = vec![
         Statement {
             name: "lease",
@@ -149,13 +149,14 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         },
     ];
     // The statements on held rows, measured below once the rows exist.
-    let on_held: [(&str, &str, &str); 8] = [
+    let on_held: [(&str, &str, &str); 9] = [
         ("publish", hooks::PUBLISH, "uuid[], uuid[]"),
         ("publish_delete", hooks::PUBLISH_DELETE, "uuid[], uuid[]"),
         ("release", hooks::RELEASE, "uuid[], uuid[]"),
         ("renew", hooks::RENEW, "uuid[], uuid[], bigint"),
         ("still_leased", hooks::STILL_LEASED, "uuid[], uuid[]"),
-        ("fail", hooks::FAIL, "uuid[], uuid[], jsonb, int"),
+        ("fail", hooks::FAIL, "uuid[], uuid[], jsonb"),
+        ("snooze", hooks::SNOOZE, "uuid[], uuid[], jsonb"),
         ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
         ("publish_one_delete", hooks::PUBLISH_ONE_DELETE, "uuid, uuid"),
     ];
@@ -184,7 +185,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             .unwrap();
         let first = match name {
             "renew" => format!("{nothing}, {zero}, 1"),
-            "fail" => no_failure.clone(),
+            "fail" | "snooze" => no_failure.clone(),
             "publish_one" | "publish_one_delete" => {
                 "gen_random_uuid(), gen_random_uuid()".to_owned()
             }
@@ -228,12 +229,16 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     let ids = uuids(&held);
     let tokens = uuids(&[token; HELD]);
     let errors: serde_json::Map<String, serde_json::Value> =
-        held.iter().map(|id| (id.to_string(), serde_json::json!(["boom", 1000]))).collect();
+        held.iter().map(|id| (id.to_string(), serde_json::json!(["boom", 1000, 10]))).collect();
     let errors = serde_json::Value::Object(errors).to_string();
+    let delays: serde_json::Map<String, serde_json::Value> =
+        held.iter().map(|id| (id.to_string(), serde_json::json!(1000))).collect();
+    let delays = serde_json::Value::Object(delays).to_string();
     for (name, sql, parameters) in on_held {
         let (measured, touches, local) = match name {
             "renew" => (format!("{ids}, {tokens}, 30000000"), HELD as i64, None),
-            "fail" => (format!("{ids}, {tokens}, '{errors}', 10"), HELD as i64, None),
+            "fail" => (format!("{ids}, {tokens}, '{errors}'"), HELD as i64, None),
+            "snooze" => (format!("{ids}, {tokens}, '{delays}'"), HELD as i64, None),
             "publish_one" | "publish_one_delete" => {
                 (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local))
             }

@@ -416,7 +416,7 @@ struct Downstream(&'static str);
 /// `total_cents` 1 succeeds; 2 fails its first attempt; 3 fails while the desk is broken.
 async fn on_placed(ctx: EventContext<Desk>, event: OrderPlaced) -> Result<(), Downstream> {
     match event.total_cents {
-        2 if ctx.attempt() == 1 => return Err(Downstream("flaky")),
+        2 if ctx.delivery() == 1 => return Err(Downstream("flaky")),
         3 if ctx.state().broken.load(Ordering::SeqCst) => return Err(Downstream("broken")),
         _ => {}
     }

@@ -19,7 +19,7 @@ struct Log(Arc<Mutex<Vec<(Uuid, u32)>>>);
 
 impl Log {
     fn record<S>(&self, ctx: &EventContext<S>) {
-        self.0.lock().unwrap().push((ctx.event_id(), ctx.attempt()));
+        self.0.lock().unwrap().push((ctx.event_id(), ctx.delivery()));
     }
     fn len(&self) -> usize {
         self.0.lock().unwrap().len()
@@ -106,10 +106,10 @@ async fn failures_back_off_then_succeed(pool: PgPool) {
 
     async fn flaky(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
         ctx.state().record(&ctx);
-        if ctx.attempt() < 3 {
+        if ctx.delivery() < 3 {
             return Err(HandlerError(format!(
                 "downstream unavailable (attempt {})",
-                ctx.attempt()
+                ctx.delivery()
             )));
         }
         Ok(())
@@ -436,7 +436,7 @@ async fn a_panicking_handler_is_a_failure_and_the_relay_keeps_going(pool: PgPool
     let ids = emit_committed(&pool, &[placed(13), placed(1), placed(2)]).await;
 
     async fn panics_on_13(ctx: EventContext<Log>, event: OrderPlaced) -> Result<(), HandlerError> {
-        if event.total_cents == 13 && ctx.attempt() == 1 {
+        if event.total_cents == 13 && ctx.delivery() == 1 {
             panic!("unlucky number {}", event.total_cents);
         }
         ctx.state().record(&ctx);
@@ -575,7 +575,7 @@ async fn shutdown_hands_leased_rows_back(pool: PgPool) {
     assert!(row_state(&pool, ids[4]).await.leased, "the whole batch was leased");
     let counts = relay.stop().await;
 
-    assert_eq!(counts.released, 5, "4 never started, 1 cancelled at the shutdown timeout");
+    assert_eq!(counts.handed_back, 5, "4 never started, 1 cancelled at the shutdown timeout");
     for id in &ids {
         let row = row_state(&pool, *id).await;
         assert!(!row.leased && row.available_now && !row.published, "{id} is free again");
@@ -610,7 +610,7 @@ async fn a_draining_relay_leases_one_batch_ahead_and_hands_it_back(pool: PgPool)
     assert_eq!(leased().await, 8, "6 rows queued for 2 busy slots: no third lease");
     let counts = relay.stop().await;
 
-    assert_eq!(counts.released, 8, "6 never started, 2 cancelled at the shutdown timeout");
+    assert_eq!(counts.handed_back, 8, "6 never started, 2 cancelled at the shutdown timeout");
     for id in &ids {
         let row = row_state(&pool, *id).await;
         assert!(!row.leased && row.available_now && !row.published, "{id} is free again");
@@ -794,7 +794,7 @@ async fn handlers_registered_before_the_state_keep_working(pool: PgPool) {
     tx.commit().await.unwrap();
 
     async fn stateless(ctx: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
-        assert_eq!(ctx.attempt(), 1);
+        assert_eq!(ctx.delivery(), 1);
         Ok(())
     }
     let log = Log::default();
@@ -847,7 +847,7 @@ async fn a_hung_handler_fails_at_the_handler_timeout(pool: PgPool) {
 
     async fn hangs_once(ctx: EventContext<Log>, _: OrderPlaced) -> Result<(), HandlerError> {
         ctx.state().record(&ctx);
-        if ctx.attempt() == 1 {
+        if ctx.delivery() == 1 {
             std::future::pending::<()>().await;
         }
         Ok(())

@@ -37,7 +37,7 @@ pub fn json(report: &Report) -> Value {
             "forwarded": counts.delivered,
             "failed": counts.failed,
             "dead": counts.dead,
-            "handed_back": counts.released,
+            "handed_back": counts.handed_back,
         }),
     }
 }
@@ -89,7 +89,7 @@ pub fn human(report: &Report) -> String {
             plural(counts.delivered, "event"),
             counts.failed,
             counts.dead,
-            counts.released
+            counts.handed_back
         ),
     }
 }

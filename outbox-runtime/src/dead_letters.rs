@@ -1,4 +1,5 @@
-//! Dead letters: events that exhausted their attempts. List, inspect, requeue, discard.
+//! Dead letters: events that exhausted their attempts or expired leases, or that their handler
+//! [rejected](crate::Reject). List, inspect, requeue, discard.
 //!
 //! ```no_run
 //! # use outbox_runtime::sqlx;
@@ -40,13 +41,13 @@ pub struct DeadEvent {
     pub headers: serde_json::Value,
     /// When it was emitted.
     pub created_at: DateTime<Utc>,
-    /// When it exhausted its attempts or its expired leases.
+    /// When it exhausted its attempts or its expired leases, or was rejected.
     pub dead_at: DateTime<Utc>,
     /// Failed deliveries.
     pub attempts: u32,
     /// Leases that expired before a relay acknowledged the event (counted apart).
     pub expired_leases: u32,
-    /// The last failure's text.
+    /// The last failure's text (`rejected by its handler: ...` for a rejection).
     pub last_error: Option<String>,
 }
 

@@ -45,6 +45,25 @@
 //! The README covers the rest: forwarding to brokers (the [`forward`] module), ordering,
 //! transactional handlers, event versions, operations and the CLI.
 //!
+//! # Words
+//!
+//! The API, the CLI, the metrics and these docs use each word in one sense:
+//!
+//! - **Pending**: committed, neither published nor dead: due, leased, or waiting for a retry.
+//! - **Lease**: a relay's hold on pending rows, under a fencing token, renewed while it lasts; it
+//!   **expires** when its relay dies or stalls for a whole lease timeout.
+//! - **Delivery**: one try at an event: calling its handler, or forwarding it to a broker
+//!   ([`forward`]). **Delivered**: the handler returned `Ok`, or the broker confirmed the message.
+//! - **Published**: what a delivered event's row becomes, whether handled or forwarded
+//!   (`published_at` is set, or with `delete_on_publish` the row is deleted): the reference
+//!   design's word.
+//! - **Attempt**: a failed delivery. `attempts` counts them and `max_attempts` limits them;
+//!   expired leases ([`EventContext::expired_leases`]) and [snoozes](Snooze) are not attempts.
+//! - **Handed back**: a leased row returned to pending with no attempt counted (at shutdown,
+//!   while a broker or the database is unavailable, or [snoozed](Snooze)).
+//! - **Dead**: out of attempts or expired leases, or [rejected](Reject) by its handler; kept as a
+//!   [dead letter](dead_letters) until requeued or discarded.
+//!
 //! # Cargo features
 #![doc = document_features::document_features!()]
 //!
@@ -106,8 +125,9 @@ pub use event::{EventType, OutboxEvent};
 pub use json_schema::{event_schemas, EventSchema};
 pub use migrate::{check_schema, migrate, with_outbox_migrations, SchemaVersion};
 pub use relay::{
-    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, NewerVersions,
-    Relay, RelayBuilder, RelayCounts, RelayMetrics, TransactionContext, UnknownEvents,
+    Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, HandlerOptions,
+    NewerVersions, Reject, Relay, RelayBuilder, RelayCounts, RelayMetrics, Snooze,
+    TransactionContext, UnknownEvents,
 };
 pub use retention::purge_published;
 pub use stats::{stats, stats_by_type, OutboxStats, TypeStats};

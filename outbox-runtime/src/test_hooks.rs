@@ -16,8 +16,10 @@ pub const LEASE: &str = crate::store::LEASE_HANDLED;
 pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
-/// `$1` ids, `$2` tokens, `$3` `{"<id>": ["error", retry micros]}`, `$4` most attempts.
+/// `$1` ids, `$2` tokens, `$3` `{"<id>": ["error", retry micros, most attempts]}`.
 pub const FAIL: &str = crate::store::FAIL;
+/// `$1` ids, `$2` tokens, `$3` `{"<id>": delay micros}`.
+pub const SNOOZE: &str = crate::store::SNOOZE;
 /// `$1` ids, `$2` tokens.
 pub const RELEASE: &str = crate::store::RELEASE;
 /// `$1` ids, `$2` tokens, `$3` lease micros.
@@ -99,8 +101,8 @@ pub mod steps {
         max_attempts: i32,
     ) -> Result<Option<bool>, sqlx::Error> {
         let mut failures = Failures::default();
-        failures.push(event_id, token, error.to_owned(), retry_in);
-        let recorded = store::fail(pool, &failures, max_attempts.unsigned_abs()).await?;
+        failures.push(event_id, token, error.to_owned(), retry_in, max_attempts.unsigned_abs());
+        let recorded = store::fail(pool, &failures).await?;
         Ok(recorded.first().map(|&(_, dead)| dead))
     }
 

@@ -73,7 +73,7 @@ impl Worker {
             return true;
         }
         let id = ctx.event_id().as_u128();
-        let seed = (id as u64) ^ ((id >> 64) as u64) ^ (u64::from(ctx.attempt()) << 56);
+        let seed = (id as u64) ^ ((id >> 64) as u64) ^ (u64::from(delivery(ctx)) << 56);
         splitmix64(seed) % 100 < self.fail_percent
     }
 }
@@ -95,14 +95,14 @@ async fn run_job(ctx: EventContext<Worker>, job: JobRun) -> Result<(), JobFailed
     // acknowledgement does is a duplicate delivery, as at-least-once allows.
     sqlx::query("INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, $4)")
         .bind(ctx.event_id())
-        .bind(i32::try_from(ctx.attempt()).unwrap_or(i32::MAX))
+        .bind(i32::try_from(delivery(&ctx)).unwrap_or(i32::MAX))
         .bind(worker.pid)
         .bind(!fails)
         .execute(&worker.pool)
         .await
         .map_err(|error| JobFailed(format!("cannot record the delivery: {error}")))?;
     if fails {
-        return Err(JobFailed(format!("job {} failed on attempt {}", job.job, ctx.attempt())));
+        return Err(JobFailed(format!("job {} failed on attempt {}", job.job, delivery(&ctx))));
     }
     Ok(())
 }
@@ -117,7 +117,7 @@ async fn run_job_in_transaction(
     if !worker.sleep.is_zero() {
         tokio::time::sleep(worker.sleep).await;
     }
-    let (event_id, attempt) = (ctx.event_id(), ctx.attempt());
+    let (event_id, attempt) = (ctx.event_id(), delivery(&ctx));
     sqlx::query("INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, true)")
         .bind(event_id)
         .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
@@ -219,12 +219,12 @@ async fn relay() -> Result<(), String> {
     let counts = relay.run_until(shutdown).await.map_err(|error| error.to_string())?;
     // One line the tests parse.
     eprintln!(
-        "relay-process {} stopped: delivered={} failed={} dead={} released={} lost_leases={}",
+        "relay-process {} stopped: delivered={} failed={} dead={} handed_back={} lost_leases={}",
         std::process::id(),
         counts.delivered,
         counts.failed,
         counts.dead,
-        counts.released,
+        counts.handed_back,
         counts.lost_leases
     );
     Ok(())
@@ -263,4 +263,10 @@ async fn forward_to(broker: &str, prefix: &str) -> Result<Forward, String> {
             return Err(format!("FORWARD_TO={other:?}: expected nats, rabbitmq, redis or kafka"))
         }
     })
+}
+
+/// Which delivery of its event a handler call is, from 1: the failed attempts and expired
+/// leases before it, plus one.
+fn delivery<S>(ctx: &EventContext<S>) -> u32 {
+    ctx.attempts() + ctx.expired_leases() + 1
 }

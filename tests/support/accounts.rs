@@ -9,7 +9,7 @@ use outbox_runtime::{EventContext, OutboxEvent};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::HandlerError;
+use super::{Delivery, HandlerError};
 
 /// An ordered event: delivered one at a time per account, in emit order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
@@ -63,7 +63,7 @@ pub struct Log(Arc<Mutex<Vec<Seen>>>);
 impl Log {
     pub fn record<S>(&self, ctx: &EventContext<S>, account: u32, n: u32) {
         let seen =
-            Seen { event_id: ctx.event_id(), account, n, attempt: ctx.attempt(), at: Utc::now() };
+            Seen { event_id: ctx.event_id(), account, n, attempt: ctx.delivery(), at: Utc::now() };
         self.0.lock().unwrap().push(seen);
     }
 

@@ -52,6 +52,18 @@ pub fn placed(n: i64) -> OrderPlaced {
     OrderPlaced { order_id: Uuid::now_v7(), total_cents: n }
 }
 
+/// Which delivery of its event a handler call is, from 1: the failed attempts and expired
+/// leases before it, plus one (snoozes not counted).
+pub trait Delivery {
+    fn delivery(&self) -> u32;
+}
+
+impl<S> Delivery for outbox_runtime::EventContext<S> {
+    fn delivery(&self) -> u32 {
+        self.attempts() + self.expired_leases() + 1
+    }
+}
+
 /// A handler error that is just its message.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

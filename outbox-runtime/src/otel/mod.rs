@@ -5,7 +5,7 @@
 //! span as W3C `traceparent` and `tracestate` headers (module `headers`), and each delivery's span
 //! follows OpenTelemetry's messaging semantic conventions: a `consumer` span named
 //! `process {aggregate_type}.{event_type}`. The
-//! stored context is the parent of the first attempt's span and only a link from a retry's, as
+//! stored context is the parent of the first delivery's span and only a link from a retry's, as
 //! the conventions recommend for redeliveries: a retry minutes later is its own unit of work,
 //! and parenting it would stretch the emitter's trace over every backoff.
 //!
@@ -24,14 +24,14 @@ pub(crate) use headers::store_current_context;
 
 /// The span a delivery of `row` runs in.
 #[cfg(not(feature = "opentelemetry"))]
-pub(crate) fn delivery_span(row: &LeasedEvent, attempt: u32) -> Span {
+pub(crate) fn delivery_span(row: &LeasedEvent, delivery: u32) -> Span {
     tracing::info_span!(
         "outbox.deliver",
         event_id = %row.event_id,
         aggregate_type = %row.aggregate_type,
         aggregate_id = %row.aggregate_id,
         event_type = %row.event_type,
-        attempt,
+        delivery,
         traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
     )
 }
@@ -39,7 +39,7 @@ pub(crate) fn delivery_span(row: &LeasedEvent, attempt: u32) -> Span {
 /// The span a delivery of `row` runs in, after the messaging semantic conventions, continuing
 /// the trace context stored with the row (see the module docs).
 #[cfg(feature = "opentelemetry")]
-pub(crate) fn delivery_span(row: &LeasedEvent, attempt: u32) -> Span {
+pub(crate) fn delivery_span(row: &LeasedEvent, delivery: u32) -> Span {
     use tracing_opentelemetry::OpenTelemetrySpanExt;
 
     // The destination forwarding uses by default, so a forwarded message and its processing
@@ -59,12 +59,12 @@ pub(crate) fn delivery_span(row: &LeasedEvent, attempt: u32) -> Span {
         aggregate_id = %row.aggregate_id,
         event_type = %row.event_type,
         // `tracing-opentelemetry` records unsigned integers as text; `i64` stays a number.
-        attempt = i64::from(attempt),
+        delivery = i64::from(delivery),
         traceparent = row.headers.get("traceparent").and_then(|v| v.as_str()),
     );
     // Before the span is first entered: once started, its parent is fixed.
     if let Some(stored) = headers::stored_context(&row.headers) {
-        if attempt == 1 {
+        if delivery == 1 {
             // Fails only when no OpenTelemetry layer sees the span: then there is no trace to
             // continue.
             let _ = span.set_parent(headers::remote_parent(stored));

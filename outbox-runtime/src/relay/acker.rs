@@ -15,22 +15,36 @@ use crate::error::ErrorChain;
 use crate::relay::config::RelayConfig;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures};
+use crate::store::{self, Failures, Snoozes};
 
 /// How a delivery ended.
 #[derive(Debug)]
 pub(crate) enum Outcome {
     Delivered,
-    Failed {
-        error: String,
-        earlier_failures: u32,
-    },
+    Failed(Failed),
     /// Not delivered and not the row's fault: hand it back without counting an attempt.
-    Released,
+    HandedBack,
+    /// The handler asked to be called again after `delay`: hand it back for then, without
+    /// counting an attempt.
+    Snoozed {
+        delay: Duration,
+    },
     /// Delivered and published by the handler's own transaction: only counted here.
     Published,
     /// A transactional handler's acknowledgement was refused: the lease was taken over.
     LeaseLost,
+}
+
+/// A failed delivery, as its row records it.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: String,
+    /// When the row is due again, if it lives.
+    pub(crate) retry_in: Duration,
+    /// Failed deliveries after which its handler's rows are dead.
+    pub(crate) max_attempts: u32,
+    /// The handler rejected the event: dead now, whatever its attempts.
+    pub(crate) rejected: bool,
 }
 
 /// The outcome of one held row. It is written under the row's current lease token, which
@@ -54,8 +68,7 @@ pub(crate) struct Acker {
     pub(crate) pool: PgPool,
     pub(crate) held: Held,
     pub(crate) metrics: RelayMetrics,
-    /// The backoff and the most attempts of failures; whether a delivered row is marked
-    /// published or deleted; and the lease timeout, how long to keep retrying a failed
+    /// Whether a delivered row is marked published or deleted; and the lease timeout, how long to keep retrying a failed
     /// acknowledgement (after that the leases have expired and the rows are delivered again
     /// anyway).
     pub(crate) config: Arc<RelayConfig>,
@@ -106,13 +119,15 @@ impl Acker {
     async fn apply(&self, batch: Vec<Ack>) -> Vec<Ack> {
         let mut delivered = Vec::new();
         let mut failed = Vec::new();
-        let mut released = Vec::new();
+        let mut handed_back = Vec::new();
+        let mut snoozed = Vec::new();
         let mut settled = Vec::new();
         for ack in batch {
             match ack.outcome {
                 Outcome::Delivered => delivered.push(ack),
-                Outcome::Failed { .. } => failed.push(ack),
-                Outcome::Released => released.push(ack),
+                Outcome::Failed(_) => failed.push(ack),
+                Outcome::HandedBack => handed_back.push(ack),
+                Outcome::Snoozed { .. } => snoozed.push(ack),
                 Outcome::Published => {
                     self.metrics.delivered(&ack.event_type, ack.created_at);
                     settled.push(ack.event_id);
@@ -139,21 +154,23 @@ impl Acker {
         }
         busy.extend(written.busy);
 
-        let (backoff, max_attempts) = (self.config.backoff, self.config.max_attempts);
         let written = self
             .write("record failures", &failed, |held| async move {
                 let mut failures = Failures::default();
                 for (ack, token) in held {
-                    if let Outcome::Failed { error, earlier_failures } = &ack.outcome {
-                        let retry_in = backoff.delay(earlier_failures + 1);
-                        failures.push(ack.event_id, token, error.clone(), retry_in);
+                    if let Outcome::Failed(failed) = &ack.outcome {
+                        // A rejected row dies at any count of attempts.
+                        let max_attempts = if failed.rejected { 0 } else { failed.max_attempts };
+                        let error = failed.error.clone();
+                        failures.push(ack.event_id, token, error, failed.retry_in, max_attempts);
                     }
                 }
-                store::fail(pool, &failures, max_attempts).await
+                store::fail(pool, &failures).await
             })
             .await;
         for ack in &written.done {
-            self.metrics.failed(&ack.event_type, written.dead.contains(&ack.event_id));
+            let rejected = matches!(&ack.outcome, Outcome::Failed(failed) if failed.rejected);
+            self.metrics.failed(&ack.event_type, written.dead.contains(&ack.event_id), rejected);
         }
         if !written.dead.is_empty() {
             let dead = &written.dead;
@@ -162,18 +179,36 @@ impl Acker {
         busy.extend(written.busy);
 
         let written = self
-            .write("release", &released, |held| async move {
+            .write("hand back", &handed_back, |held| async move {
                 let (ids, tokens) = columns(&held);
                 let done = store::release(pool, &ids, &tokens).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
             .await;
-        self.metrics.released(written.done.len() as u64);
+        self.metrics.handed_back(written.done.len() as u64);
+        busy.extend(written.busy);
+
+        let written = self
+            .write("snooze", &snoozed, |held| async move {
+                let mut snoozes = Snoozes::default();
+                for (ack, token) in held {
+                    if let Outcome::Snoozed { delay } = ack.outcome {
+                        snoozes.push(ack.event_id, token, delay);
+                    }
+                }
+                let done = store::snooze(pool, &snoozes).await?;
+                Ok(done.into_iter().map(|id| (id, false)).collect())
+            })
+            .await;
+        for ack in &written.done {
+            self.metrics.snoozed(&ack.event_type);
+        }
         busy.extend(written.busy);
         delivered
             .into_iter()
             .chain(failed)
-            .chain(released)
+            .chain(handed_back)
+            .chain(snoozed)
             .filter(|ack| busy.contains(&ack.event_id))
             .collect()
     }

@@ -10,11 +10,13 @@ use crate::decode::{JsonUpcaster, JsonUpcasters};
 use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute, SinkHealth};
-use crate::relay::config::{Backoff, DeadOrderedEvents, NewerVersions, RelayConfig, UnknownEvents};
+use crate::relay::config::{
+    Backoff, DeadOrderedEvents, HandlerOptions, NewerVersions, RelayConfig, UnknownEvents,
+};
 use crate::relay::forwarding::Forwarding;
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::metrics::RelayMetrics;
-use crate::relay::{Plan, Relay, Routes};
+use crate::relay::{Plan, Relay, Routed, Routes};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
@@ -38,6 +40,7 @@ struct Registered<S> {
     event_types: &'static [EventType],
     event_name: &'static str,
     route: Box<dyn Route<S>>,
+    options: HandlerOptions,
 }
 
 /// A JSON upcaster as registered, checked against the handlers by `build`.
@@ -143,6 +146,7 @@ impl RelayBuilder<()> {
                 event_types: h.event_types,
                 event_name: h.event_name,
                 route: Box::new(Stateless(h.route)) as Box<dyn Route<S>>,
+                options: h.options,
             })
             .collect();
         RelayBuilder {
@@ -170,7 +174,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// # #[outbox(aggregate = "order", event_type = "order.placed")]
     /// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
     /// async fn on_placed(ctx: EventContext, event: OrderPlaced) -> Result<(), std::io::Error> {
-    ///     println!("order {} placed (attempt {})", event.order_id, ctx.attempt());
+    ///     println!("order {} placed ({} earlier failures)", event.order_id, ctx.attempts());
     ///     Ok(())
     /// }
     /// # fn build(pool: sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
@@ -178,15 +182,37 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// # Ok(()) }
     /// ```
     pub fn handler<M, H: Handler<M, S>>(self, handler: H) -> Self {
-        self.route::<H::Event>(handler.into_route().0)
+        self.handler_with(handler, HandlerOptions::new())
     }
 
-    fn route<E: OutboxEvent>(mut self, route: Box<dyn Route<S>>) -> Self {
+    /// Registers `handler` like [`handler`](Self::handler), with its own timeout, most attempts
+    /// or backoff where they differ from the relay's.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use outbox_runtime::sqlx;
+    /// # use outbox_runtime::{EventContext, HandlerOptions, OutboxEvent, Relay};
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize, OutboxEvent)]
+    /// # #[outbox(aggregate = "order", event_type = "order.placed")]
+    /// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+    /// # async fn charge_card(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+    /// # fn build(pool: sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
+    /// let slow_provider = HandlerOptions::new().timeout(Some(Duration::from_secs(60))).max_attempts(3);
+    /// let relay = Relay::builder(pool).handler_with(charge_card, slow_provider).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn handler_with<M, H: Handler<M, S>>(
+        mut self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> Self {
         self.handlers.push(Registered {
-            aggregate_type: E::AGGREGATE_TYPE,
-            event_types: E::EVENT_TYPES,
-            event_name: std::any::type_name::<E>(),
-            route,
+            aggregate_type: H::Event::AGGREGATE_TYPE,
+            event_types: H::Event::EVENT_TYPES,
+            event_name: std::any::type_name::<H::Event>(),
+            route: handler.into_route().0,
+            options,
         });
         self
     }
@@ -388,7 +414,10 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(BuildError::InvalidSetting(error)),
         };
-        positive_i32(config.max_attempts, "max_attempts must be between 1 and i32::MAX")?;
+        let max_attempts = |attempts| {
+            positive_i32(attempts, "max_attempts must be between 1 and i32::MAX").map(|_| ())
+        };
+        max_attempts(config.max_attempts)?;
         let max_expired_leases = positive_i32(
             config.max_expired_leases,
             "max_expired_leases must be between 1 and i32::MAX",
@@ -406,7 +435,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         let mut routes: Routes<S> = HashMap::new();
         let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> = HashMap::new();
         for handler in self.handlers {
-            let route: Arc<dyn Route<S>> = Arc::from(handler.route);
+            let policy = handler.options.over(&config);
+            max_attempts(policy.max_attempts)?;
+            let route = Routed { route: Arc::from(handler.route), policy };
             for event_type in handler.event_types {
                 let key = (handler.aggregate_type, event_type.name());
                 if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
@@ -438,7 +469,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                 let destination =
                     forward.destination.clone().map_err(BuildError::InvalidDestination)?;
                 let route = ForwardRoute::new(forward, destination, forwarding.health.clone());
-                Some(Arc::new(route) as Arc<dyn Route<S>>)
+                let route = Arc::new(route) as Arc<dyn Route<S>>;
+                Some(Routed { route, policy: HandlerOptions::new().over(&config) })
             }
             None => None,
         };

@@ -42,6 +42,73 @@ impl Backoff {
     }
 }
 
+/// Settings of one handler that differ from the relay's, for
+/// [`RelayBuilder::handler_with`](crate::RelayBuilder::handler_with); each one left unset is the
+/// relay's.
+///
+/// ```
+/// # use std::time::Duration;
+/// use outbox_runtime::{Backoff, HandlerOptions};
+///
+/// // A payment provider: slow, and retried for longer, further apart.
+/// let charging = HandlerOptions::new()
+///     .timeout(Some(Duration::from_secs(60)))
+///     .max_attempts(20)
+///     .backoff(Backoff { base: Duration::from_secs(10), ..Backoff::default() });
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HandlerOptions {
+    timeout: Option<Option<Duration>>,
+    max_attempts: Option<u32>,
+    backoff: Option<Backoff>,
+}
+
+impl HandlerOptions {
+    /// Every setting the relay's.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// This handler's timeout (see [`RelayBuilder::handler_timeout`](crate::RelayBuilder::handler_timeout));
+    /// `None` lets it run as long as it likes.
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Failed deliveries after which this handler's events are dead (see
+    /// [`RelayBuilder::max_attempts`](crate::RelayBuilder::max_attempts)).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Retry delays after this handler's failures (see
+    /// [`RelayBuilder::backoff`](crate::RelayBuilder::backoff)).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// These options over the relay's settings.
+    pub(crate) fn over(self, config: &RelayConfig) -> Policy {
+        Policy {
+            timeout: self.timeout.unwrap_or(config.handler_timeout),
+            max_attempts: self.max_attempts.unwrap_or(config.max_attempts),
+            backoff: self.backoff.unwrap_or(config.backoff),
+        }
+    }
+}
+
+/// How the deliveries of one route are timed out and retried: its [`HandlerOptions`] over the
+/// relay's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Policy {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+}
+
 /// What a relay does with a row whose `(aggregate_type, event_type)` has no handler.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

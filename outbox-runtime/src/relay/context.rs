@@ -12,12 +12,15 @@ pub(crate) struct RowMeta {
     /// The version the payload was written at.
     pub(crate) version: u32,
     pub(crate) headers: serde_json::Value,
-    pub(crate) attempt: u32,
+    /// Failed deliveries before this one.
+    pub(crate) attempts: u32,
+    /// Leases that expired before this one.
+    pub(crate) expired_leases: u32,
     pub(crate) created_at: DateTime<Utc>,
 }
 
-/// The delivery context handed to a handler with its event: ids, headers, attempt number and
-/// the relay's shared state.
+/// The delivery context handed to a handler with its event: ids, headers, how often it was
+/// tried before, and the relay's shared state.
 #[derive(Debug, Clone)]
 pub struct EventContext<S = ()> {
     state: S,
@@ -25,14 +28,33 @@ pub struct EventContext<S = ()> {
     aggregate_id: String,
     version: u32,
     headers: serde_json::Value,
-    attempt: u32,
+    attempts: u32,
+    expired_leases: u32,
     created_at: DateTime<Utc>,
 }
 
 impl<S> EventContext<S> {
     pub(crate) fn new(state: S, meta: RowMeta) -> Self {
-        let RowMeta { event_id, aggregate_id, version, headers, attempt, created_at, .. } = meta;
-        Self { state, event_id, aggregate_id, version, headers, attempt, created_at }
+        let RowMeta {
+            event_id,
+            aggregate_id,
+            version,
+            headers,
+            attempts,
+            expired_leases,
+            created_at,
+            ..
+        } = meta;
+        Self {
+            state,
+            event_id,
+            aggregate_id,
+            version,
+            headers,
+            attempts,
+            expired_leases,
+            created_at,
+        }
     }
 
     /// The relay's shared state (see `RelayBuilder::state`).
@@ -66,10 +88,17 @@ impl<S> EventContext<S> {
         self.headers.get(name)?.as_str()
     }
 
-    /// Which delivery attempt this is, from 1: failed deliveries and expired leases before it,
-    /// plus one.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
+    /// The event's failed deliveries before this one: its `attempts` column, the count that
+    /// [`max_attempts`](crate::RelayBuilder::max_attempts) limits. 0 on the first delivery, and
+    /// after [snoozes](crate::Snooze), which are not failures.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Leases of the event that expired before this delivery (a relay died or stalled while it
+    /// held the event), counted apart from [`attempts`](Self::attempts).
+    pub fn expired_leases(&self) -> u32 {
+        self.expired_leases
     }
 
     /// When the event was emitted (the emitting transaction's start, database clock).

@@ -12,12 +12,13 @@ use tracing::Instrument;
 use crate::decode::JsonUpcasters;
 use crate::error::ErrorChain;
 use crate::otel;
-use crate::relay::acker::{Ack, Outcome};
-use crate::relay::config::RelayConfig;
+use crate::relay::acker::{Ack, Failed, Outcome};
+use crate::relay::config::{Policy, RelayConfig};
 use crate::relay::context::RowMeta;
 use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
+use crate::relay::outcome::Verdict;
 use crate::relay::pace::Pace;
 use crate::store::LeasedEvent;
 
@@ -27,6 +28,8 @@ const MAX_ERROR_LEN: usize = 4_096;
 pub(crate) struct Delivery<S> {
     /// `None` when no handler takes this event type (the `UnknownEvents::Fail` policy).
     pub(crate) route: Option<Arc<dyn Route<S>>>,
+    /// The route's timeout and retries.
+    pub(crate) policy: Policy,
     /// The relay's JSON upcasters, for rows older than their handler's type reads.
     pub(crate) upcasters: Arc<JsonUpcasters>,
     pub(crate) state: S,
@@ -34,8 +37,7 @@ pub(crate) struct Delivery<S> {
     pub(crate) lease: HeldLease,
     /// The builder's pool, for transactional handlers.
     pub(crate) pool: PgPool,
-    /// For how a transactional handler's acknowledgement treats the row, and the handler's
-    /// timeout.
+    /// For how a transactional handler's acknowledgement treats the row.
     pub(crate) config: Arc<RelayConfig>,
     pub(crate) acks: UnboundedSender<Ack>,
     pub(crate) metrics: RelayMetrics,
@@ -45,24 +47,35 @@ pub(crate) struct Delivery<S> {
 impl<S> Delivery<S> {
     /// Hands the row back unstarted (at shutdown).
     pub(crate) fn hand_back(self) {
-        let _ = self.acks.send(ack(&self.row, Outcome::Released));
+        let _ = self.acks.send(ack(&self.row, Outcome::HandedBack));
     }
 
     pub(crate) async fn run(self) {
-        let Delivery { route, upcasters, state, row, mut lease, pool, config, acks, metrics, pace } =
-            self;
+        let Delivery {
+            route,
+            policy,
+            upcasters,
+            state,
+            row,
+            mut lease,
+            pool,
+            config,
+            acks,
+            metrics,
+            pace,
+        } = self;
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
+        let retries = Retries { policy, earlier_failures };
         // If this task is cancelled (shutdown timeout), the guard hands the row back.
-        let mut guard =
-            AckGuard { acks, ack: Some(ack(&row, Outcome::Released)), earlier_failures };
+        let mut guard = AckGuard { acks, ack: Some(ack(&row, Outcome::HandedBack)), retries };
         if !lease.is_valid() {
             // The lease ran out while the row waited (renewals were held up): hand it back.
             tracing::debug!(event_id = %row.event_id, "outbox lease ran out before its delivery");
             return;
         }
-        // Delivery attempts: failed deliveries and expired leases before this one, plus one.
-        let attempt = earlier_failures + u32::try_from(row.expired_leases).unwrap_or(0) + 1;
-        let span = otel::delivery_span(&row, attempt);
+        let expired_leases = u32::try_from(row.expired_leases).unwrap_or(0);
+        // Which delivery this is: failed deliveries and expired leases before it, plus one.
+        let span = otel::delivery_span(&row, earlier_failures + expired_leases + 1);
         let (event_id, event_type) = (row.event_id, row.event_type.clone());
         let started = std::time::Instant::now();
         let delivery_lease =
@@ -82,7 +95,8 @@ impl<S> Delivery<S> {
                 // The column's check keeps it positive.
                 version: u32::try_from(row.event_version).unwrap_or(1),
                 headers: row.headers,
-                attempt,
+                attempts: earlier_failures,
+                expired_leases,
                 created_at: row.created_at,
             };
             let payload = Payload { json: &row.payload, upcasters: &upcasters };
@@ -92,17 +106,21 @@ impl<S> Delivery<S> {
                     Failure {
                         error: ErrorChain(&decode).to_string(),
                         logged: decode.without_payload(),
+                        verdict: Verdict::Retry,
                     }
                 })?;
             let handling = AssertUnwindSafe(handling).catch_unwind();
-            let finished = match config.handler_timeout {
+            let finished = match policy.timeout {
                 Some(limit) => tokio::time::timeout(limit, handling)
                     .await
                     .map_err(|_| format!("handler timed out after {limit:?}"))?,
                 None => handling.await,
             };
             let handled = finished.map_err(panic_message)?;
-            handled.map_err(|error| Failure::from(ErrorChain(&*error).to_string()))
+            handled.map_err(|error| {
+                let verdict = Verdict::of(&*error);
+                Failure { verdict, ..Failure::from(ErrorChain(&*error).to_string()) }
+            })
         }
         .instrument(span.clone());
         // A lease that can no longer be vouched for cancels its delivery: past its deadline
@@ -142,18 +160,36 @@ impl<S> Delivery<S> {
             Ok(Settled::LeaseLost) => Outcome::LeaseLost,
             Ok(Settled::Unavailable(why)) => {
                 tracing::debug!(%why, "outbox event not delivered: handed back, no attempt counted");
-                Outcome::Released
+                Outcome::HandedBack
             }
-            Err(Failure { error, logged }) => {
-                // The id and type again, for subscribers that leave the info-level span out.
-                tracing::warn!(
-                    %event_id,
-                    %event_type,
-                    error = %logged,
-                    "outbox event delivery failed; retried with backoff until its attempts run \
-                     out (the whole error is kept in last_error)"
+            Err(Failure { verdict: Verdict::Snooze(delay), .. }) => {
+                tracing::debug!(
+                    ?delay,
+                    "outbox event snoozed by its handler: handed back, no attempt counted"
                 );
-                Outcome::Failed { error: clean_error(error), earlier_failures }
+                Outcome::Snoozed { delay }
+            }
+            Err(Failure { error, logged, verdict }) => {
+                let rejected = verdict == Verdict::Reject;
+                // The id and type again, for subscribers that leave the info-level span out.
+                if rejected {
+                    tracing::warn!(
+                        %event_id,
+                        %event_type,
+                        error = %logged,
+                        "outbox event rejected by its handler: dead now, whatever its attempts; \
+                         requeue it (`outbox dead requeue`) once it can succeed"
+                    );
+                } else {
+                    tracing::warn!(
+                        %event_id,
+                        %event_type,
+                        error = %logged,
+                        "outbox event delivery failed; retried with backoff until its attempts \
+                         run out (the whole error is kept in last_error)"
+                    );
+                }
+                Outcome::Failed(retries.failed(clean_error(error), rejected))
             }
         };
         guard.send(outcome);
@@ -174,9 +210,9 @@ fn ack(row: &LeasedEvent, outcome: Outcome) -> Ack {
 /// that comes back every time would deliver the row again forever.
 struct AckGuard {
     acks: UnboundedSender<Ack>,
-    /// The acknowledgement to send, `Released` until the delivery ends.
+    /// The acknowledgement to send, `HandedBack` until the delivery ends.
     ack: Option<Ack>,
-    earlier_failures: u32,
+    retries: Retries,
 }
 
 impl AckGuard {
@@ -195,8 +231,7 @@ impl Drop for AckGuard {
         if std::thread::panicking() {
             let error = "the relay panicked while delivering this event, outside its handler; \
                          the panic is in the relay's log";
-            let earlier_failures = self.earlier_failures;
-            self.send(Outcome::Failed { error: error.to_owned(), earlier_failures });
+            self.send(Outcome::Failed(self.retries.failed(error.to_owned(), false)));
         }
         if let Some(ack) = self.ack.take() {
             let _ = self.acks.send(ack);
@@ -217,16 +252,36 @@ pub(crate) fn panic_text(panic: &(dyn Any + Send)) -> &str {
         .unwrap_or("non-string panic payload")
 }
 
-/// Why a delivery failed: the whole text, kept in `last_error`, and what its log line says (the
-/// same, but for a payload that does not decode, whose details can quote the payload).
+/// Why a delivery failed: the whole text, kept in `last_error`, what its log line says (the
+/// same, but for a payload that does not decode, whose details can quote the payload), and what
+/// the handler's error asked for.
 struct Failure {
     error: String,
     logged: String,
+    verdict: Verdict,
 }
 
 impl From<String> for Failure {
     fn from(error: String) -> Self {
-        Failure { logged: error.clone(), error }
+        Failure { logged: error.clone(), error, verdict: Verdict::Retry }
+    }
+}
+
+/// What a failure of this delivery does to its row: the retry's delay, the most attempts.
+#[derive(Clone, Copy)]
+struct Retries {
+    policy: Policy,
+    earlier_failures: u32,
+}
+
+impl Retries {
+    fn failed(self, error: String, rejected: bool) -> Failed {
+        Failed {
+            error,
+            retry_in: self.policy.backoff.delay(self.earlier_failures + 1),
+            max_attempts: self.policy.max_attempts,
+            rejected,
+        }
     }
 }
 

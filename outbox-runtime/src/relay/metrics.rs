@@ -2,7 +2,9 @@
 //! `metrics` feature, on by default) the same figures through the `metrics` facade.
 //!
 //! Facade names, all labelled by `event_type`: counters `outbox_delivered_total`,
-//! `outbox_failed_total`, `outbox_retried_total`, `outbox_dead_total`; histograms
+//! `outbox_failed_total`, `outbox_retried_total`, `outbox_dead_total`, `outbox_rejected_total`
+//! (failures a handler [rejected](crate::Reject), dead at once), `outbox_snoozed_total`
+//! ([snoozes](crate::Snooze), not failures); histograms
 //! `outbox_handler_duration_seconds` and `outbox_delivery_latency_seconds` (from `created_at`
 //! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead`,
 //! `outbox_oldest_pending_age_seconds` and `outbox_pending_newer_version` (rows of a handled
@@ -32,7 +34,9 @@ struct Counters {
     delivered: AtomicU64,
     failed: AtomicU64,
     dead: AtomicU64,
-    released: AtomicU64,
+    rejected: AtomicU64,
+    snoozed: AtomicU64,
+    handed_back: AtomicU64,
     lost_leases: AtomicU64,
     running: AtomicBool,
     /// Milliseconds after `epoch` of the last statement that reached the database.
@@ -48,7 +52,9 @@ impl RelayMetrics {
             delivered: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             dead: AtomicU64::new(0),
-            released: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            snoozed: AtomicU64::new(0),
+            handed_back: AtomicU64::new(0),
             lost_leases: AtomicU64::new(0),
             running: AtomicBool::new(false),
             last_contact: AtomicU64::new(u64::MAX),
@@ -61,16 +67,24 @@ impl RelayMetrics {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RelayCounts {
-    /// Events handled successfully and marked published.
+    /// Events delivered (their handler returned `Ok`, or the broker confirmed the forwarded
+    /// message) and published.
     pub delivered: u64,
     /// Failed deliveries recorded (handler error, panic, timeout, undecodable payload, unknown
-    /// event type); the dead ones included.
+    /// event type, a message the broker refused); the dead ones included.
     pub failed: u64,
-    /// Rows this relay found had exhausted their attempts and marked dead.
+    /// Rows this relay marked dead: their attempts or expired leases ran out, or their
+    /// handler rejected them.
     pub dead: u64,
+    /// Failed deliveries whose handler [rejected](crate::Reject) the event, which made it dead
+    /// at once (counted in `failed` and `dead` too).
+    pub rejected: u64,
+    /// Deliveries whose handler [snoozed](crate::Snooze): handed back for later, no attempt
+    /// counted.
+    pub snoozed: u64,
     /// Leased rows handed back with no attempt counted: unstarted or cancelled at shutdown, or
     /// not delivered because the sink or the database was unavailable.
-    pub released: u64,
+    pub handed_back: u64,
     /// Acknowledgements refused because the lease had expired and another relay took the row.
     pub lost_leases: u64,
 }
@@ -83,7 +97,9 @@ impl RelayMetrics {
             delivered: c.delivered.load(Relaxed),
             failed: c.failed.load(Relaxed),
             dead: c.dead.load(Relaxed),
-            released: c.released.load(Relaxed),
+            rejected: c.rejected.load(Relaxed),
+            snoozed: c.snoozed.load(Relaxed),
+            handed_back: c.handed_back.load(Relaxed),
             lost_leases: c.lost_leases.load(Relaxed),
         }
     }
@@ -136,19 +152,35 @@ impl RelayMetrics {
         let _ = (event_type, created_at);
     }
 
-    pub(crate) fn failed(&self, event_type: &str, dead: bool) {
+    pub(crate) fn failed(&self, event_type: &str, dead: bool, rejected: bool) {
         self.0.failed.fetch_add(1, Relaxed);
         if dead {
             self.0.dead.fetch_add(1, Relaxed);
+        }
+        if rejected {
+            self.0.rejected.fetch_add(1, Relaxed);
         }
         #[cfg(feature = "metrics")]
         {
             let event_type = event_type.to_owned();
             metrics::counter!("outbox_failed_total", "event_type" => event_type.clone())
                 .increment(1);
+            if rejected {
+                metrics::counter!("outbox_rejected_total", "event_type" => event_type.clone())
+                    .increment(1);
+            }
             let outcome = if dead { "outbox_dead_total" } else { "outbox_retried_total" };
             metrics::counter!(outcome, "event_type" => event_type).increment(1);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = event_type;
+    }
+
+    pub(crate) fn snoozed(&self, event_type: &str) {
+        self.0.snoozed.fetch_add(1, Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("outbox_snoozed_total", "event_type" => event_type.to_owned())
+            .increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = event_type;
     }
@@ -170,8 +202,8 @@ impl RelayMetrics {
         let _ = (event_type, took);
     }
 
-    pub(crate) fn released(&self, n: u64) {
-        self.0.released.fetch_add(n, Relaxed);
+    pub(crate) fn handed_back(&self, n: u64) {
+        self.0.handed_back.fetch_add(n, Relaxed);
     }
 
     pub(crate) fn lost_leases(&self, n: u64) {

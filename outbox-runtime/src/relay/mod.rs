@@ -9,9 +9,10 @@
 //!   `crate::decode` reads the payload as the handler's type from its stored version (JSON
 //!   upcasters, then the type's `upcast_from` chain), `handler.rs` (or `transactional.rs`
 //!   for a handler that writes in the acknowledgement's transaction) calls the handler, and the
-//!   delivery is cancelled if its lease's deadline passes first.
+//!   delivery is cancelled if its lease's deadline passes first; `outcome.rs` reads what a
+//!   handler's error asked for (retry, reject, snooze).
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
-//!   a batch with one statement per kind (`store::publish`, `fail`, `release`), and the row is
+//!   a batch with one statement per kind (`store::publish`, `fail`, `release`, `snooze`), and the row is
 //!   settled (leaves `held.rs`); beside it, `renewals.rs` renews every held lease.
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
@@ -30,6 +31,7 @@ mod held;
 mod idle;
 mod listener;
 mod metrics;
+mod outcome;
 mod pace;
 mod renewals;
 mod transactional;
@@ -49,26 +51,34 @@ use crate::error::{Error, ErrorChain};
 use crate::forward;
 use crate::store::{LeasePlan, LeasedEvent};
 use acker::Acker;
-use config::RelayConfig;
+use config::{Policy, RelayConfig};
 use connections::Connections;
 use forwarding::Forwarding;
 use held::Held;
 use work::Work;
 
 pub use builder::{BuildError, RelayBuilder};
-pub use config::{Backoff, DeadOrderedEvents, NewerVersions, UnknownEvents};
+pub use config::{Backoff, DeadOrderedEvents, HandlerOptions, NewerVersions, UnknownEvents};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
 pub(crate) use handler::Route;
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
+pub use outcome::{Reject, Snooze};
 pub use transactional::TransactionContext;
 
 /// How long shutdown gives the last acknowledgements once its deadline passed: those of the
 /// handlers that finished at the deadline, written in one batch.
 const LAST_ACKS_GRACE: Duration = Duration::from_secs(1);
 
-type Routes<S> = HashMap<(&'static str, &'static str), Arc<dyn Route<S>>>;
+type Routes<S> = HashMap<(&'static str, &'static str), Routed<S>>;
+
+/// A route, and how its deliveries are timed out and retried.
+#[derive(Clone)]
+struct Routed<S> {
+    route: Arc<dyn Route<S>>,
+    policy: Policy,
+}
 
 /// Delivers committed outbox events to typed handlers, at least once each.
 ///
@@ -85,7 +95,7 @@ pub struct Relay<S = ()> {
     /// JSON upcasters for versions older than the handlers' types read.
     upcasters: Arc<JsonUpcasters>,
     /// Where rows go that no handler takes, when the relay forwards every other type.
-    fallback: Option<Arc<dyn Route<S>>>,
+    fallback: Option<Routed<S>>,
     /// The sink the relay forwards to, if it forwards.
     forwarding: Option<Forwarding>,
     /// Every setting, owned here; the tasks of a run share it.
@@ -218,11 +228,15 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         chores
     }
 
-    /// The route for a leased row: its handler's, else the forwarding one; `None` when neither
-    /// takes its type (the `UnknownEvents::Fail` policy leases those too).
-    fn route(&self, row: &LeasedEvent) -> Option<Arc<dyn Route<S>>> {
+    /// The route for a leased row, with its policy: its handler's, else the forwarding one;
+    /// no route when neither takes its type (the `UnknownEvents::Fail` policy leases those
+    /// too), and then the relay's policy.
+    fn route(&self, row: &LeasedEvent) -> (Option<Arc<dyn Route<S>>>, Policy) {
         let handler = self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str()));
-        handler.or(self.fallback.as_ref()).cloned()
+        match handler.or(self.fallback.as_ref()) {
+            Some(Routed { route, policy }) => (Some(route.clone()), *policy),
+            None => (None, HandlerOptions::new().over(&self.config)),
+        }
     }
 }
 

@@ -283,9 +283,10 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
             }
             // A row already held is already being delivered or acknowledged here.
             if let Some(held) = self.held.lease(row.event_id, row.lease_token, deadline) {
-                let route = relay.route(&row);
+                let (route, policy) = relay.route(&row);
                 self.queue.push_back(Delivery {
                     route,
+                    policy,
                     upcasters: relay.upcasters.clone(),
                     state: relay.state.clone(),
                     row,

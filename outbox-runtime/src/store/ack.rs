@@ -71,23 +71,33 @@ pub(crate) enum OnPublish {
     Delete,
 }
 
-/// Records failed deliveries; `$1` ids, `$2` tokens, `$3` each id's error text and retry delay
-/// in microseconds (`{"<id>": ["error", 1000]}`), `$4` the most attempts. A jsonb object rather
-/// than two more arrays: its keys are looked up by binary search, while matching array positions
-/// would take a join (whose order a stale plan could get wrong) or a linear search per row.
+/// Records failed deliveries; `$1` ids, `$2` tokens, `$3` each id's error text, retry delay in
+/// microseconds and most attempts (`{"<id>": ["error", 1000, 10]}`; 0 attempts: dead now). A
+/// jsonb object rather than more arrays: its keys are looked up by binary search, while
+/// matching array positions would take a join (whose order a stale plan could get wrong) or a
+/// linear search per row.
 pub(crate) const FAIL: &str = update_fenced!(
     "attempts     = e.attempts + 1, \
      last_error   = $3::jsonb -> e.event_id::text ->> 0, \
      lease_token  = NULL, \
      available_at = now() + ($3::jsonb -> e.event_id::text ->> 1)::bigint \
                     * interval '1 microsecond', \
-     dead_at      = CASE WHEN e.attempts + 1 >= $4 THEN now() END",
+     dead_at      = CASE WHEN e.attempts + 1 >= ($3::jsonb -> e.event_id::text ->> 2)::int \
+                         THEN now() END",
     "e.event_id, e.dead_at IS NOT NULL"
 );
 
 /// Hands rows back without counting an attempt, available at once; `$1` ids, `$2` tokens.
 pub(crate) const RELEASE: &str =
     update_fenced!("lease_token = NULL, available_at = now()", "e.event_id");
+
+/// Hands snoozed rows back without counting an attempt; `$1` ids, `$2` tokens, `$3` each id's
+/// delay in microseconds (`{"<id>": 1000}`, a jsonb object for the reason given at [`FAIL`]).
+pub(crate) const SNOOZE: &str = update_fenced!(
+    "lease_token  = NULL, \
+     available_at = now() + ($3::jsonb ->> e.event_id::text)::bigint * interval '1 microsecond'",
+    "e.event_id"
+);
 
 /// Pushes the lease deadline of held rows; `$1` ids, `$2` tokens, `$3` lease in microseconds.
 pub(crate) const RENEW: &str =
@@ -165,40 +175,87 @@ pub(super) fn publish_one_query<'q>(
     sqlx::query(sql).bind(event_id).bind(token)
 }
 
-/// Failed deliveries, for one [`fail`] statement.
+/// Rows to hand back with a value each, for one statement: the ids and tokens, and
+/// `{"<event id>": value}`.
 #[derive(Default)]
-pub(crate) struct Failures {
+pub(crate) struct ByRow {
     event_ids: Vec<Uuid>,
     tokens: Vec<Uuid>,
-    /// `{"<event id>": ["error", retry in microseconds]}`.
-    errors: serde_json::Map<String, serde_json::Value>,
+    values: serde_json::Map<String, serde_json::Value>,
 }
 
-impl Failures {
-    pub(crate) fn push(&mut self, event_id: Uuid, token: Uuid, error: String, retry_in: Duration) {
+impl ByRow {
+    fn push(&mut self, event_id: Uuid, token: Uuid, value: serde_json::Value) {
         self.event_ids.push(event_id);
         self.tokens.push(token);
-        self.errors.insert(event_id.to_string(), serde_json::json!([error, micros(retry_in)]));
+        self.values.insert(event_id.to_string(), value);
+    }
+
+    fn query<O>(&self, sql: &'static str) -> Rows<'_, O>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_as(sql)
+            .bind(&self.event_ids)
+            .bind(&self.tokens)
+            .bind(sqlx::types::Json(&self.values))
+    }
+}
+
+/// Failed deliveries, for one [`fail`] statement.
+#[derive(Default)]
+pub(crate) struct Failures(ByRow);
+
+impl Failures {
+    /// A failure: its error, when the row is due again, the most attempts of its handler (0:
+    /// dead now).
+    pub(crate) fn push(
+        &mut self,
+        event_id: Uuid,
+        token: Uuid,
+        error: String,
+        retry_in: Duration,
+        max_attempts: u32,
+    ) {
+        // `build()` keeps the most attempts within `i32`.
+        let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
+        let value = serde_json::json!([error, micros(retry_in), max_attempts]);
+        self.0.push(event_id, token, value);
     }
 }
 
 /// Records failed deliveries: counts the attempt, keeps the error, schedules the retry, and
-/// kills rows that reached `max_attempts`. Returns the ids done, each with whether it died.
+/// kills rows that reached their most attempts. Returns the ids done, each with whether it died.
 pub(crate) async fn fail(
     pool: &PgPool,
     failures: &Failures,
-    max_attempts: u32,
 ) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
-    fail_query(failures, max_attempts).fetch_all(pool).await
+    fail_query(failures).fetch_all(pool).await
 }
 
-pub(super) fn fail_query(failures: &Failures, max_attempts: u32) -> Rows<'_, (Uuid, bool)> {
-    sqlx::query_as(FAIL)
-        .bind(&failures.event_ids)
-        .bind(&failures.tokens)
-        .bind(sqlx::types::Json(&failures.errors))
-        // `build()` keeps it within `i32`.
-        .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+pub(super) fn fail_query(failures: &Failures) -> Rows<'_, (Uuid, bool)> {
+    failures.0.query(FAIL)
+}
+
+/// Snoozed deliveries, for one [`snooze`] statement.
+#[derive(Default)]
+pub(crate) struct Snoozes(ByRow);
+
+impl Snoozes {
+    pub(crate) fn push(&mut self, event_id: Uuid, token: Uuid, delay: Duration) {
+        self.0.push(event_id, token, micros(delay).into());
+    }
+}
+
+/// Hands snoozed rows back, due after their delays, without counting an attempt. Returns the
+/// ids done.
+pub(crate) async fn snooze(pool: &PgPool, snoozes: &Snoozes) -> Result<Vec<Uuid>, sqlx::Error> {
+    let rows: Vec<(Uuid,)> = snooze_query(snoozes).fetch_all(pool).await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+pub(super) fn snooze_query(snoozes: &Snoozes) -> Rows<'_, (Uuid,)> {
+    snoozes.0.query(SNOOZE)
 }
 
 /// Hands leased rows back without counting an attempt. Returns the ids done.

@@ -21,7 +21,7 @@ mod sleepers;
 pub(crate) mod testing;
 
 pub(crate) use ack::{
-    fail, publish, publish_in, release, renew, still_leased, Failures, OnPublish,
+    fail, publish, publish_in, release, renew, snooze, still_leased, Failures, OnPublish, Snoozes,
 };
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
 pub(crate) use lease::{
@@ -41,7 +41,7 @@ pub(crate) use sleepers::{
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
     ack::{
-        FAIL, PUBLISH, PUBLISH_DELETE, PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW,
+        FAIL, PUBLISH, PUBLISH_DELETE, PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE,
         STILL_LEASED,
     },
     lease::{LEASE_ANY, LEASE_HANDLED},
@@ -112,7 +112,9 @@ mod tests {
         let positions = Positions::default();
         let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
-        failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1));
+        failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1), 3);
+        let mut snoozes = Snoozes::default();
+        snoozes.push(Uuid::nil(), Uuid::nil(), Duration::from_secs(1));
         let selection = DeadSelection { aggregate_type: None, event_type: None, event_id: None };
         let mut rows = NewEvents::default();
         const PLACED: EventType = EventType::new("order.placed", 1, 1, false);
@@ -134,7 +136,8 @@ mod tests {
             ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
             ("publish one delete", parameters(ack::publish_one_query(nil, nil, OnPublish::Delete))),
-            ("fail", parameters(ack::fail_query(&failures, 3))),
+            ("fail", parameters(ack::fail_query(&failures))),
+            ("snooze", parameters(ack::snooze_query(&snoozes))),
             ("release", parameters(ack::release_query(&ids, &tokens))),
             ("renew", parameters(ack::renew_query(&ids, &tokens, Duration::from_secs(1)))),
             ("still leased", parameters(ack::still_leased_query(&ids, &tokens))),
