@@ -68,9 +68,9 @@ pub(crate) struct Acker {
     pub(crate) pool: PgPool,
     pub(crate) held: Held,
     pub(crate) metrics: RelayMetrics,
-    /// Whether a delivered row is marked published or deleted; and the lease timeout, how long to keep retrying a failed
-    /// acknowledgement (after that the leases have expired and the rows are delivered again
-    /// anyway).
+    /// Whether a delivered row is marked published or deleted; and the lease timeout, how long
+    /// to keep retrying a failed acknowledgement (after that the leases have expired and the
+    /// rows are delivered again anyway).
     pub(crate) config: Arc<RelayConfig>,
 }
 

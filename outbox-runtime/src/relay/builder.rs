@@ -470,7 +470,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                     forward.destination.clone().map_err(BuildError::InvalidDestination)?;
                 let route = ForwardRoute::new(forward, destination, forwarding.health.clone());
                 let route = Arc::new(route) as Arc<dyn Route<S>>;
-                Some(Routed { route, policy: HandlerOptions::new().over(&config) })
+                Some(Routed { route, policy: config.policy() })
             }
             None => None,
         };

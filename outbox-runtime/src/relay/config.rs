@@ -92,10 +92,11 @@ impl HandlerOptions {
 
     /// These options over the relay's settings.
     pub(crate) fn over(self, config: &RelayConfig) -> Policy {
+        let relay = config.policy();
         Policy {
-            timeout: self.timeout.unwrap_or(config.handler_timeout),
-            max_attempts: self.max_attempts.unwrap_or(config.max_attempts),
-            backoff: self.backoff.unwrap_or(config.backoff),
+            timeout: self.timeout.unwrap_or(relay.timeout),
+            max_attempts: self.max_attempts.unwrap_or(relay.max_attempts),
+            backoff: self.backoff.unwrap_or(relay.backoff),
         }
     }
 }
@@ -166,6 +167,18 @@ pub(crate) struct RelayConfig {
     pub(crate) dead_ordered_events: DeadOrderedEvents,
     pub(crate) retention: Option<Duration>,
     pub(crate) on_publish: OnPublish,
+}
+
+impl RelayConfig {
+    /// The relay's own policy: that of a route whose handler set no options, of forwarding, and
+    /// of rows no handler takes.
+    pub(crate) fn policy(&self) -> Policy {
+        Policy {
+            timeout: self.handler_timeout,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+        }
+    }
 }
 
 impl Default for RelayConfig {

@@ -12,8 +12,8 @@
 //!   delivery is cancelled if its lease's deadline passes first; `outcome.rs` reads what a
 //!   handler's error asked for (retry, reject, snooze).
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
-//!   a batch with one statement per kind (`store::publish`, `fail`, `release`, `snooze`), and the row is
-//!   settled (leaves `held.rs`); beside it, `renewals.rs` renews every held lease.
+//!   a batch with one statement per kind (`store::publish`, `fail`, `release`, `snooze`), and
+//!   the row is settled (leaves `held.rs`); beside it, `renewals.rs` renews every held lease.
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
 //!   `metrics.rs` (counts), `context.rs` (what a handler sees).
@@ -235,7 +235,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let handler = self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str()));
         match handler.or(self.fallback.as_ref()) {
             Some(Routed { route, policy }) => (Some(route.clone()), *policy),
-            None => (None, HandlerOptions::new().over(&self.config)),
+            None => (None, self.config.policy()),
         }
     }
 }
