@@ -35,15 +35,18 @@
 --   * `seq` is an identity column: inserting draws from its sequence without any privilege on
 --     it, so there is no GRANT on `outbox.events_seq_seq`.
 --   * The insert trigger's function `outbox.notify_relays()` is not checked for EXECUTE when the
---     trigger fires, so EXECUTE is revoked from PUBLIC below. It is SECURITY DEFINER (with a
---     pinned search_path): it reads `outbox.sleeping_relays` as the owner, so the application
---     needs no access to that table.
---   * The trigger calls `pg_notify`, `pg_advisory_xact_lock_shared` and `hashtextextended`, and
---     ordered emits call `pg_advisory_xact_lock`: all executable by PUBLIC in a default cluster.
---     If yours revoked them from PUBLIC, grant them to outbox_app (and `pg_notify` and
---     `hashtextextended` to outbox_relay: `dead_letters::requeue` notifies, and an idle relay
---     looks up that lock's holders in `pg_locks`, which PUBLIC may read by default, as it may
---     `pg_database`).
+--     trigger fires, so EXECUTE is revoked from PUBLIC (by the migrations). It is SECURITY
+--     DEFINER (with a pinned search_path): it reads `outbox.sleeping_relays` as the owner, so the
+--     application needs no access to that table. So is `outbox.flag_relays_asleep()`, the
+--     registrations' trigger, which sets the flag `outbox.relays_asleep` as the owner.
+--   * The insert trigger's WHEN reads that flag with `pg_sequence_last_value` as the inserting
+--     role: the migration grants SELECT on the sequence to PUBLIC (it says only whether a relay
+--     sleeps). The trigger's function calls `pg_notify` and `set_config`, and ordered emits call
+--     `pg_advisory_xact_lock` and `hashtextextended`: all executable by PUBLIC in a default
+--     cluster. If yours revoked them from PUBLIC, grant them to outbox_app (and `pg_notify`,
+--     `pg_advisory_xact_lock`, `hashtextextended` and `setval` to outbox_relay:
+--     `dead_letters::requeue` notifies, a registration sets the flag under an advisory lock, and
+--     an idle relay reads `pg_locks`, which PUBLIC may read by default, as it may `pg_database`).
 --   * The relay's lease takes row locks (`FOR UPDATE SKIP LOCKED`), which needs UPDATE on at
 --     least one column; it updates only the bookkeeping columns, so it gets UPDATE on those alone
 --     and cannot rewrite an event's payload, headers, type or ids. LISTEN needs no privilege.

@@ -6,13 +6,13 @@
 //! send NOTIFY only while a relay that wants their event type is registered, because NOTIFY
 //! makes committing transactions queue on a database-wide lock.
 //!
-//! A producer that took the wake-up lock before the registration committed may have looked for
-//! sleepers before it (see `store/sleepers.rs`), so its commit may wake nobody. The relay reads
-//! which transactions held the lock once it registered, looks once more, and then again each
-//! time one of them has ended, checking on them less and less often (from 2 ms up to every
-//! 500 ms): a business transaction open for seconds costs a sleeping relay a few statements a
-//! second, not a spin, and producers run the same trigger as ever. Renewing a registration that
-//! has not lapsed opens no such gap: producers have seen it all along.
+//! A producer that inserted before the registration raised the flag may never look for sleepers
+//! (see `store/sleepers.rs`), so its commit may wake nobody. The relay reads which transactions
+//! were writing to `outbox.events` once it registered, looks once more, and then again each time
+//! one of them has ended, checking on them less and less often (from 2 ms up to every 500 ms): a
+//! business transaction open for seconds costs a sleeping relay a few statements a second, not a
+//! spin, and producers pay nothing for it. Renewing a registration that has not lapsed opens no
+//! such gap: producers have seen it all along.
 
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use crate::store;
 const LINGER: Duration = Duration::from_millis(50);
 /// How often it looks while lingering.
 const LINGER_POLL: Duration = Duration::from_millis(2);
-/// How soon it first checks whether the producers that held the wake-up lock when it registered
+/// How soon it first checks whether the transactions that were writing events when it registered
 /// have ended; the wait doubles with each check that finds them all still open, up to
 /// [`MOST_BETWEEN_CHECKS`] (and the poll interval). Soon: most transactions are short.
 const FIRST_CHECK: Duration = Duration::from_millis(2);
@@ -44,8 +44,8 @@ pub(crate) struct Idle {
     lingering_until: Instant,
     /// Until when this relay's registration as a sleeper holds, if it is registered.
     registered_until: Option<Instant>,
-    /// The producer transactions that held the wake-up lock when this registration began and
-    /// have not ended since: their commits may not wake this relay, so it looks for itself.
+    /// The transactions that were writing events when this registration began and have not
+    /// ended since: their commits may not wake this relay, so it looks for itself.
     unseen: Vec<String>,
     /// How long it waits before it next checks on them.
     next_check: Duration,
@@ -99,7 +99,7 @@ impl Idle {
     }
 
     /// Registers (or renews the registration) until `now` plus the hold. A fresh registration
-    /// reads which producers hold the wake-up lock: they may have missed it.
+    /// reads which transactions are writing events: they may have missed it.
     async fn register(&mut self, pool: &PgPool, now: Instant) -> Result<(), sqlx::Error> {
         let hold = self.poll_interval * 2 + Duration::from_secs(5);
         // Producers have seen a registration that has not lapsed all along.
@@ -112,7 +112,7 @@ impl Idle {
             // Registered, though not known to be seen until the read succeeds: should it fail,
             // the next wait registers afresh (and waking up still withdraws the registration).
             self.registered_until = Some(now);
-            self.unseen = store::wake_lock_holders(pool, None).await?;
+            self.unseen = store::inserting_transactions(pool, None).await?;
         }
         self.registered_until = Some(now + hold);
         Ok(())
@@ -129,7 +129,7 @@ impl Idle {
             }
             self.next_check =
                 (self.next_check * 2).min(MOST_BETWEEN_CHECKS).min(self.poll_interval);
-            match store::wake_lock_holders(pool, Some(&self.unseen)).await {
+            match store::inserting_transactions(pool, Some(&self.unseen)).await {
                 Ok(open) if open.len() < self.unseen.len() => {
                     // One ended, and its rows are visible: look for them.
                     self.unseen = open;

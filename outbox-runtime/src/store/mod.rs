@@ -34,7 +34,7 @@ pub(crate) use ops::{
 };
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
-    backend_pid, notify_relays, register_sleeper, unregister_sleeper, wake_lock_holders,
+    backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
 };
 
 /// The statements whose plans the tests check, by name.
@@ -156,7 +156,7 @@ mod tests {
             ("purge", parameters(ops::purge_query(Duration::from_secs(1), 10))),
             ("register", parameters(sleepers::register_query(Uuid::nil(), None, Duration::ZERO))),
             ("unregister", parameters(sleepers::unregister_query(Uuid::nil()))),
-            ("wake lock holders", parameters(sleepers::wake_lock_holders_query(None))),
+            ("inserting transactions", parameters(sleepers::inserting_transactions_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
             ("migrate lock", parameters(schema::migrate_lock_query())),
             ("find schema", parameters(schema::find_schema_query())),

@@ -1,12 +1,14 @@
 //! Wake-up registrations: relays asleep on LISTEN, for producers to NOTIFY.
 //!
-//! The insert trigger takes the wake-up lock shared, then looks for a registration that wants
-//! its rows, and holds the lock until its transaction ends. A producer that takes the lock after
-//! a registration committed sees it (at READ COMMITTED each statement of the trigger reads a
-//! fresh snapshot) and notifies at commit; one that held the lock already may have looked
-//! before. So a relay registers, then reads which transactions hold the lock
-//! ([`wake_lock_holders`]), and looks for rows again as each of them ends. A producer missing
-//! from that read either takes the lock later (and sees the registration) or has ended, and a
+//! A registration raises the flag `outbox.relays_asleep` (a trigger on the registrations keeps
+//! it), and the insert trigger's WHEN reads that flag for every row: while it is down, producers
+//! run nothing. Up, the trigger's function looks for a registration that wants the row (at READ
+//! COMMITTED each of its statements reads a fresh snapshot) and notifies at commit. A producer
+//! that read the flag before it went up may never look. Every insert takes its RowExclusiveLock
+//! on `outbox.events` before reading the flag, and holds it until its transaction ends: so a
+//! relay registers, then reads which transactions hold that lock ([`inserting_transactions`]),
+//! and looks for rows again as each of them ends. A producer missing from that read took the
+//! lock later (and reads the flag up, and the committed registration) or has ended, and a
 //! transaction releases its locks only once its commit is visible, so the relay's next look
 //! finds its rows. (A producer at REPEATABLE READ reads the registrations in its first
 //! snapshot, which may be older: the README's caveat.) Reading `pg_locks` needs no privilege
@@ -46,33 +48,31 @@ pub(super) fn register_query<'q>(
     .bind(micros(until))
 }
 
-/// The transactions (virtual transaction ids) holding the wake-up lock in this database: all of
-/// them, or those of `among` still holding it. Run after a registration committed, it names the
-/// producers that may have missed it.
-pub(crate) async fn wake_lock_holders(
+/// The transactions (virtual transaction ids) writing to `outbox.events` in this database: all
+/// of them, or those of `among` still writing. Run after a registration raised the flag, it names
+/// the producers that may have read the flag down.
+pub(crate) async fn inserting_transactions(
     pool: &PgPool,
     among: Option<&[String]>,
 ) -> Result<Vec<String>, sqlx::Error> {
-    wake_lock_holders_query(among).fetch_all(pool).await
+    inserting_transactions_query(among).fetch_all(pool).await
 }
 
-/// An advisory lock on a bigint key shows in `pg_locks` as its high 32 bits (`classid`) and
-/// low 32 bits (`objid`), unsigned, with `objsubid` 1; the key is the trigger's own expression.
-/// Advisory locks never take the fast path, so `pg_locks` lists every holder.
-pub(super) fn wake_lock_holders_query(among: Option<&[String]>) -> Scalar<'_, String> {
+/// Every INSERT (and UPDATE or DELETE) holds RowExclusiveLock on the table until its transaction
+/// ends. Such locks usually take the fast path, which `pg_locks` lists too. Relays' own updates
+/// show as well: one more look each when they end.
+pub(super) fn inserting_transactions_query(among: Option<&[String]>) -> Scalar<'_, String> {
     sqlx::query_scalar(
-        "SELECT l.virtualtransaction \
-         FROM (SELECT hashtextextended('outbox.sleeping_relays', 0) AS key) k, pg_locks l \
-         WHERE l.locktype = 'advisory' \
+        "SELECT l.virtualtransaction FROM pg_locks l \
+         WHERE l.locktype = 'relation' \
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-           AND l.classid = ((k.key >> 32) & 4294967295)::oid \
-           AND l.objid = (k.key & 4294967295)::oid \
-           AND l.objsubid = 1 \
-           AND l.mode = 'ShareLock' AND l.granted \
+           AND l.relation = 'outbox.events'::regclass \
+           AND l.mode = 'RowExclusiveLock' AND l.granted \
            AND ($1::text[] IS NULL OR l.virtualtransaction = ANY ($1))",
     )
     .bind(among)
 }
+
 pub(crate) async fn unregister_sleeper(pool: &PgPool, relay_id: Uuid) -> Result<(), sqlx::Error> {
     unregister_query(relay_id).execute(pool).await?;
     Ok(())
