@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_runtime::OutboxEvent;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::emit::{self, Extra};
@@ -28,11 +28,16 @@ pub async fn schema(pool: &PgPool) {
 /// Inserts the row `emit` would write for `event`: a version 7 id made here, the payload
 /// serialized by serde_json, the same headers; bound as `emit` binds them.
 pub async fn insert(conn: &mut PgConnection, event: &Credited) {
-    sqlx::query(
-        "INSERT INTO bare_events (event_id, aggregate_type, aggregate_id, event_type, payload, \
-                                  headers) \
-         VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)",
-    )
+    insert_into(conn, "bare_events", event).await;
+}
+
+/// [`insert`]'s statement into `table`.
+async fn insert_into(conn: &mut PgConnection, table: &str, event: &Credited) {
+    sqlx::query(&format!(
+        "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                              headers) \
+         VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)"
+    ))
     .bind(Uuid::now_v7())
     .bind(Credited::AGGREGATE_TYPE)
     .bind(event.account.to_string())
@@ -44,16 +49,42 @@ pub async fn insert(conn: &mut PgConnection, event: &Credited) {
     .unwrap();
 }
 
-/// `producers` tasks each commit one bare INSERT per transaction, nothing else, for
-/// `duration`; returns rows per second.
-pub async fn inserts(pool: &PgPool, producers: usize, duration: Duration) -> f64 {
+/// How a producer writes its one event per transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// `outbox_runtime::emit`.
+    Emit,
+    /// The bare INSERT's statement, into `outbox.events`: what a SQL producer pays, the
+    /// outbox's indexes, defaults and trigger included, with no Rust-side work.
+    SqlInsert,
+    /// [`insert`] into `bare_events`: the floor.
+    Bare,
+}
+
+impl Writer {
+    pub const ALL: [Writer; 3] = [Writer::Emit, Writer::SqlInsert, Writer::Bare];
+
+    async fn write(self, tx: &mut Transaction<'_, Postgres>, event: &Credited) {
+        match self {
+            Writer::Emit => {
+                outbox_runtime::emit(tx, event).await.unwrap();
+            }
+            Writer::SqlInsert => insert_into(tx, "outbox.events", event).await,
+            Writer::Bare => insert(tx, event).await,
+        }
+    }
+}
+
+/// `producers` tasks each commit one event per transaction, written by `writer`, nothing else,
+/// for `duration`; returns events per second.
+pub async fn inserts(pool: &PgPool, producers: usize, duration: Duration, writer: Writer) -> f64 {
     emit::per_second(producers, duration, |p, until| {
         let pool = pool.clone();
         async move {
             let mut done = 0;
             while Instant::now() < until {
                 let mut tx = pool.begin().await.unwrap();
-                insert(&mut tx, &Credited { account: p as u32, cents: 1 }).await;
+                writer.write(&mut tx, &Credited { account: p as u32, cents: 1 }).await;
                 tx.commit().await.unwrap();
                 done += 1;
             }
@@ -61,6 +92,26 @@ pub async fn inserts(pool: &PgPool, producers: usize, duration: Duration) -> f64
         }
     })
     .await
+}
+
+/// Each writer's events per second, one event per transaction: `rounds` turns of `duration`
+/// each, the order rotated by `first` and each round, so drift (the tables growing, the
+/// machine's other load) falls on all three. In [`Writer::ALL`]'s order.
+pub async fn floor(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    rounds: usize,
+    first: usize,
+) -> [f64; 3] {
+    let mut rates = [0.0; 3];
+    for round in 0..rounds {
+        for turn in 0..3 {
+            let w = (first + round + turn) % 3;
+            rates[w] += inserts(pool, producers, duration, Writer::ALL[w]).await / rounds as f64;
+        }
+    }
+    rates
 }
 
 /// The business transaction (emit.rs) with one emit, and with one bare INSERT instead, in

@@ -8,7 +8,8 @@
 //! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
 //! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
-//! purge; and types, a backlog over 50 event types against one). Ratios are computed within each run, then their median is
+//! purge; types, a backlog over 50 event types against one; and those of issue #22:
+//! insert_floor, wake_ups). Ratios are computed within each run, then their median is
 //! reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -275,7 +276,7 @@ async fn main() {
         // 3. steady state
         if args.runs("steady") {
             let db = Database::fresh(&args.url, "steady").await;
-            let (rate, latencies) = relay::steady(&db.pool, 4, secs * 2).await;
+            let (rate, latencies) = relay::paced(&db.pool, 4, secs * 2, None).await;
             db.drop().await;
             s.add("steady events/s", rate);
             s.add("steady p50 ms", percentile_ms(&latencies, 0.50));
@@ -377,6 +378,29 @@ async fn main() {
             s.add("emit_bare emit tx/s", with_emit);
             s.add("emit_bare bare tx/s", with_bare);
             s.add("bare vs emit", with_bare / with_emit);
+        }
+
+        // 14. one event per transaction and nothing else: emit, the same INSERT from SQL, and
+        // the bare table's INSERT, rotated.
+        if args.runs("insert_floor") {
+            let db = Database::fresh(&args.url, "insert_floor").await;
+            bare::schema(&db.pool).await;
+            let [emit, sql, floor] = bare::floor(&db.pool, 8, secs, 3, run).await;
+            db.drop().await;
+            s.add("insert_floor emit tx/s", emit);
+            s.add("insert_floor sql tx/s", sql);
+            s.add("insert_floor bare tx/s", floor);
+            s.add("bare vs emit alone", floor / emit);
+            s.add("bare vs sql insert", floor / sql);
+        }
+
+        // 15. an idle relay woken by every event: one producer at 5 events/s.
+        if args.runs("wake_ups") {
+            let db = Database::fresh(&args.url, "wake_ups").await;
+            let (_, latencies) = relay::paced(&db.pool, 1, secs * 4, Some(5.0)).await;
+            db.drop().await;
+            s.add("wake_ups p50 ms", percentile_ms(&latencies, 0.50));
+            s.add("wake_ups p99 ms", percentile_ms(&latencies, 0.99));
         }
 
         // 13. retention under producers at full speed.
@@ -953,6 +977,25 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("emit_bare emit tx/s")
             ),
             target(m("bare vs emit") <= 1.1, "≤ 1.1x"),
+        ),
+        (
+            "bare INSERT vs emit alone, and vs the same INSERT into outbox.events from SQL: 8 \
+             producers, 1 event per tx, nothing else, 3 rounds each, rotated"
+                .into(),
+            format!(
+                "{:.2}x and {:.2}x ({:.0} bare, {:.0} emit, {:.0} SQL tx/s)",
+                m("bare vs emit alone"),
+                m("bare vs sql insert"),
+                m("insert_floor bare tx/s"),
+                m("insert_floor emit tx/s"),
+                m("insert_floor sql tx/s")
+            ),
+            target(m("bare vs emit alone") <= 1.1 && m("bare vs sql insert") <= 1.1, "≤ 1.1x"),
+        ),
+        (
+            "wake-ups: 1 producer at 5 events/s, 1 idle relay (defaults)".into(),
+            format!("p50 {:.2} ms, p99 {:.2} ms", m("wake_ups p50 ms"), m("wake_ups p99 ms")),
+            target(m("wake_ups p50 ms") <= 5.0, "p50 ≤ 5 ms"),
         ),
     ]
 }

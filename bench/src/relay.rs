@@ -180,10 +180,17 @@ pub fn latencies(committed: &[(Uuid, Instant)], arrived: &HashMap<Uuid, Instant>
     latencies
 }
 
-/// Steady state: `producers` tasks each commit one event per transaction for `duration`
-/// while one relay delivers. Returns (delivered events/s, latencies from the end of each
-/// emitting commit, as the producer saw it, to the handler call).
-pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64, Vec<Duration>) {
+/// Steady state: `producers` tasks each commit one event per transaction for `duration`, as
+/// fast as they can or at `rate` events/s together, while one relay (defaults) delivers.
+/// Returns (delivered events/s, latencies from the end of each emitting commit, as the producer
+/// saw it, to the handler call). At a few events a second every event finds the relay asleep:
+/// the latencies are those of its wake-ups.
+pub async fn paced(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    rate: Option<f64>,
+) -> (f64, Vec<Duration>) {
     type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
     async fn timed(ctx: EventContext<Times>, _: Credited) -> Result<(), std::io::Error> {
         ctx.state().lock().unwrap().insert(ctx.event_id(), Instant::now());
@@ -194,7 +201,7 @@ pub async fn steady(pool: &PgPool, producers: usize, duration: Duration) -> (f64
     let running = Running::start(relay);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let committed = produce(pool, producers, duration, None).await;
+    let committed = produce(pool, producers, duration, rate).await;
     while running.delivered() < committed.len() as u64 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -56,7 +56,8 @@ pub async fn wal(url: &str, producers: usize, duration: Duration, events: usize)
     let (emitted, mut others) = meter.per_event(&mut conn, emitted as f64).await;
 
     let meter = Meter::start(&mut conn).await;
-    let inserted = bare::inserts(&db.pool, producers, duration).await * duration.as_secs_f64();
+    let inserted = bare::inserts(&db.pool, producers, duration, bare::Writer::Bare).await
+        * duration.as_secs_f64();
     let (bare, other) = meter.per_event(&mut conn, inserted).await;
     others += other;
     conn.close().await.unwrap();
