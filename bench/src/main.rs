@@ -4,20 +4,21 @@
 //! `cargo run --release -p outbox-bench` prints a Markdown table of medians over `--runs`
 //! (default 3); `--json` prints the medians as JSON instead; `--quick` shrinks every size for a
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
-//! and scale workloads and the 200,000-event stale-statistics drain; `--only emit,drain,...`
+//! and scale workloads, the 200,000-event stale-statistics drain and after_drain; `--only emit,drain,...`
 //! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
 //! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups). Ratios are computed within each run, then their median is
+//! insert_floor, wake_ups, after_drain, relays). Ratios are computed within each run, then their median is
 //! reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
-//! Memory and scale run once, whatever `--runs` says: their million-event backlogs
+//! Memory, scale and after_drain run once, whatever `--runs` says: their million-row tables
 //! are expensive to lay down. Scale writes its snapshots (the lease's EXPLAIN ANALYZE, tuple
 //! counts and sizes at the start, middle and end of its big drain, and samples over time) to
 //! `--report PATH`, by default `target/bench-scale-report.txt`.
 
+mod after_drain;
 mod bare;
 mod baseline;
 mod batch;
@@ -57,7 +58,8 @@ struct Args {
 impl Args {
     /// Whether the workload `name` runs (`--only` names a subset; heavy ones can be skipped).
     fn runs(&self, name: &str) -> bool {
-        let heavy = matches!(name, "history" | "memory" | "drain_stale_big" | "scale");
+        let heavy =
+            matches!(name, "history" | "memory" | "drain_stale_big" | "scale" | "after_drain");
         // The brokers are not part of every machine's setup: those run only when named.
         let brokers = name.starts_with("forward_");
         let default = !brokers && (!heavy || self.heavy);
@@ -79,6 +81,9 @@ struct Sizes {
     locks: usize,
     /// The backlog the many-types workload drains, spread over 50 types and in one.
     types: usize,
+    /// After a drain: the published history, the burst drained behind it, how long the
+    /// caught-up lease is watched.
+    after_drain: (usize, usize, Duration),
     seconds: u64,
 }
 
@@ -153,6 +158,7 @@ async fn main() {
             sweep: 50_000,
             locks: 20_000,
             types: 20_000,
+            after_drain: (200_000, 20_000, Duration::from_secs(20)),
             seconds: 2,
         }
     } else {
@@ -166,6 +172,7 @@ async fn main() {
             sweep: 200_000,
             locks: 100_000,
             types: 100_000,
+            after_drain: (2_000_000, 150_000, Duration::from_secs(180)),
             seconds: 5,
         }
     };
@@ -403,6 +410,29 @@ async fn main() {
             s.add("wake_ups p99 ms", percentile_ms(&latencies, 0.99));
         }
 
+        // 17. 8 relays against 4 on the same backlog, with the machine's CPU and the lock
+        // waits of each; the sides take turns going first.
+        if args.runs("relays") {
+            let mut sides = [4, 8];
+            if run % 2 == 0 {
+                sides.reverse();
+            }
+            for relays in sides {
+                let waits = wal_locks::lock_waits(&args.url, relays, sizes.locks).await;
+                eprintln!("  {relays} relays, waits seen (backend-samples): {:?}", waits.by_event);
+                let share = |n: u64| 100.0 * n as f64 / waits.samples as f64;
+                s.add(format!("relays {relays} events/s"), waits.events_per_second);
+                s.add(format!("relays {relays} cpu busy %"), 100.0 * waits.cpu_busy);
+                s.add(format!("relays {relays} lock wait %"), share(waits.lock_samples));
+                s.add(format!("relays {relays} lwlock wait %"), share(waits.lwlock_samples));
+                duplicates.set(duplicates.get() + waits.duplicates);
+            }
+            s.add(
+                "relays 8 vs 4",
+                m_last(&s, "relays 8 events/s") / m_last(&s, "relays 4 events/s"),
+            );
+        }
+
         // 13. retention under producers at full speed.
         if args.runs("purge") {
             for (name, producers) in
@@ -446,6 +476,30 @@ async fn main() {
         db.drop().await;
         s.add("memory peak MiB", peak_mib);
         s.add("memory drain events/s", rate);
+    }
+
+    // 16. after a drain, once per setting: millions of history rows to lay down.
+    if args.runs("after_drain") {
+        let (history, burst, watch) = sizes.after_drain;
+        for (name, settings) in [
+            ("installed", after_drain::Settings::Installed),
+            ("server defaults", after_drain::Settings::ServerDefaults),
+        ] {
+            let watched = after_drain::run(&args.url, settings, history, burst, watch).await;
+            eprintln!(
+                "  after_drain, {name}: seconds  lease ms  buffers  n_dead_tup  autovacuums\n{}",
+                watched.samples
+            );
+            s.add(format!("after_drain {name} end lease ms"), watched.at_end.0);
+            s.add(format!("after_drain {name} end lease buffers"), watched.at_end.1 as f64);
+            s.add(format!("after_drain {name} last lease ms"), watched.last.0);
+            s.add(format!("after_drain {name} last lease buffers"), watched.last.1 as f64);
+            s.add(
+                format!("after_drain {name} cheap after s"),
+                watched.cheap_after.unwrap_or(f64::NAN),
+            );
+            s.add(format!("after_drain {name} autovacuums"), watched.autovacuums as f64);
+        }
     }
 
     // 14. scale, once: a million-event backlog, twice.
@@ -526,6 +580,11 @@ async fn forwarding<B: forward::Broker>(
     s.add(format!("{broker} latency p99 ms"), percentile_ms(&latency.latencies, 0.99));
     s.add(format!("{broker} latency p99.9 ms"), percentile_ms(&latency.latencies, 0.999));
     s.add(format!("{broker} duplicates"), (duplicates + latency.duplicates) as f64);
+}
+
+/// The latest sample of `name` (this run's, when the run added one).
+fn m_last(s: &Samples, name: &str) -> f64 {
+    s.0.get(name).and_then(|xs| xs.last().copied()).unwrap_or(f64::NAN)
 }
 
 /// The `q` quantile of sorted `latencies`, in milliseconds.
@@ -996,6 +1055,56 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
             "wake-ups: 1 producer at 5 events/s, 1 idle relay (defaults)".into(),
             format!("p50 {:.2} ms, p99 {:.2} ms", m("wake_ups p50 ms"), m("wake_ups p99 ms")),
             target(m("wake_ups p50 ms") <= 5.0, "p50 ≤ 5 ms"),
+        ),
+        (
+            format!(
+                "8 relays vs 4 draining {} events (defaults); both cores busy, heavyweight / \
+                 lightweight lock waits in the 5 ms samples",
+                sizes.locks
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s; busy {:.0}% vs {:.0}%; lock waits {:.0}% / \
+                 {:.0}% vs {:.0}% / {:.0}%)",
+                m("relays 8 vs 4"),
+                m("relays 8 events/s"),
+                m("relays 4 events/s"),
+                m("relays 8 cpu busy %"),
+                m("relays 4 cpu busy %"),
+                m("relays 8 lock wait %"),
+                m("relays 8 lwlock wait %"),
+                m("relays 4 lock wait %"),
+                m("relays 4 lwlock wait %")
+            ),
+            target(m("relays 8 vs 4") >= 1.2, "≥ 1.2x"),
+        ),
+        (
+            {
+                let (history, burst, _) = sizes.after_drain;
+                format!(
+                    "after draining {burst} events behind {history} published: the caught-up \
+                     lease at the end, and seconds until it reads a tenth of the buffers; \
+                     autovacuum as installed / server defaults"
+                )
+            },
+            {
+                let side = |name: &str| {
+                    let m = |what: &str| m(&format!("after_drain {name} {what}"));
+                    let cheap = m("cheap after s");
+                    let cheap =
+                        if cheap.is_nan() { "not within the watch".into() } else { format!("{cheap:.0} s") };
+                    format!(
+                        "{:.1} ms ({:.0} buffers), {cheap}, then {:.2} ms",
+                        m("end lease ms"),
+                        m("end lease buffers"),
+                        m("last lease ms")
+                    )
+                };
+                format!("{} / {}", side("installed"), side("server defaults"))
+            },
+            target(
+                m("after_drain installed cheap after s") <= 120.0,
+                "cheap within 2 minutes",
+            ),
         ),
     ]
 }

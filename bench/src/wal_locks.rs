@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, PgConnection, Row};
 
 use crate::bare;
+use crate::cpu::Cpu;
 use crate::db::{self, Database};
 use crate::events::credited;
 use crate::probe;
@@ -215,6 +216,8 @@ pub struct Waits {
     /// Waiting backends seen, by `wait_event_type:wait_event`, over all samples.
     pub by_event: BTreeMap<String, u64>,
     pub duplicates: u64,
+    /// The share of the machine's cores busy during the drain (every process), 0 to 1.
+    pub cpu_busy: f64,
 }
 
 /// `relays` relays (defaults) drain `events` together while a connection of its own
@@ -224,12 +227,15 @@ pub async fn lock_waits(url: &str, relays: usize, events: usize) -> Waits {
     db::backlog(&db.pool, events, credited).await;
     let done = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn(sample_waits(db.url.clone(), done.clone()));
+    let cpu = Cpu::now();
     let drained = relay::drain(&db.pool, events, Setup::defaults(relays)).await;
+    let cpu_busy = cpu.since().utilization;
     done.store(true, Ordering::Relaxed);
     let mut waits = sampler.await.unwrap();
     db.drop().await;
     waits.events_per_second = drained.events_per_second;
     waits.duplicates = drained.duplicates;
+    waits.cpu_busy = cpu_busy;
     waits
 }
 
