@@ -3,8 +3,7 @@
 //! where a caught-up relay starts every lease, until vacuum removes them. Behind a history of
 //! published rows, 1 relay drains a burst; then the probe explains the caught-up lease (from the
 //! head, as the relay runs it) every few seconds for a while, beside the dead tuples and the
-//! autovacuums so far. Once with the autovacuum settings the migrations install, once with the
-//! server's defaults (the settings reset), each in a database of its own.
+//! autovacuums so far, and whether the server runs autovacuum at all.
 
 use std::time::{Duration, Instant};
 
@@ -16,16 +15,7 @@ use crate::relay::{self, Setup};
 /// How often the probe explains the lease after the drain.
 const EVERY: Duration = Duration::from_secs(5);
 
-/// The table's autovacuum settings for one side of the workload.
-#[derive(Clone, Copy)]
-pub enum Settings {
-    /// As the migrations leave them.
-    Installed,
-    /// Reset to the server's defaults.
-    ServerDefaults,
-}
-
-/// One side's caught-up leases after the drain.
+/// The caught-up leases after the drain.
 pub struct Watched {
     /// The median lease's execution time and buffers at the end of the drain.
     pub at_end: (f64, u64),
@@ -35,29 +25,18 @@ pub struct Watched {
     /// The last lease's time and buffers, at the end of the watch.
     pub last: (f64, u64),
     pub autovacuums: i64,
+    /// The server's `autovacuum` setting: with it off, only vacuum by hand cleans the head.
+    pub autovacuum_on: bool,
     /// `seconds  ms  buffers  dead  autovacuums`, one line per sample.
     pub samples: String,
 }
 
 /// Lays `history` published rows, drains `burst` events by 1 relay, then watches the caught-up
 /// lease for `watch`.
-pub async fn run(
-    url: &str,
-    settings: Settings,
-    history: usize,
-    burst: usize,
-    watch: Duration,
-) -> Watched {
+pub async fn run(url: &str, history: usize, burst: usize, watch: Duration) -> Watched {
     let db = Database::fresh(url, "after_drain").await;
-    if let Settings::ServerDefaults = settings {
-        sqlx::query(
-            "ALTER TABLE outbox.events \
-             RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)",
-        )
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    }
+    let autovacuum: String =
+        sqlx::query_scalar("SHOW autovacuum").fetch_one(&db.pool).await.unwrap();
     db::history(&db.pool, history).await;
     db::backlog(&db.pool, burst, credited).await;
     relay::drain(&db.pool, burst, Setup::defaults(1)).await;
@@ -85,5 +64,5 @@ pub async fn run(
     }
     drop(conn);
     db.drop().await;
-    Watched { at_end, cheap_after, last, autovacuums, samples }
+    Watched { at_end, cheap_after, last, autovacuums, autovacuum_on: autovacuum == "on", samples }
 }
