@@ -17,7 +17,7 @@ const EVERY: Duration = Duration::from_secs(5);
 
 /// The caught-up leases after the drain.
 pub struct Watched {
-    /// The median lease's execution time and buffers at the end of the drain.
+    /// The lease's execution time and buffers at the end of the drain.
     pub at_end: (f64, u64),
     /// Seconds from the end of the drain until a lease read fewer than a tenth of the buffers
     /// it read at the end; `None` if none did within the watch.
