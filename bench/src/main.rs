@@ -4,13 +4,13 @@
 //! `cargo run --release -p outbox-bench` prints a Markdown table of medians over `--runs`
 //! (default 3); `--json` prints the medians as JSON instead; `--quick` shrinks every size for a
 //! smoke run; `--skip-heavy` leaves out the 5-million-row history, the 1-million-event memory
-//! and scale workloads, the 200,000-event stale-statistics drain and after_drain; `--only emit,drain,...`
-//! runs just the named workloads (emit, drain, drain_stale, drain_stale_big, ordering,
-//! baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
+//! and scale workloads, the 200,000-event stale-statistics drain and after_drain; `--only
+//! emit,drain,...` runs just the named workloads (emit, drain, drain_stale, drain_stale_big,
+//! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays). Ratios are computed within each run, then their median is
-//! reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
+//! insert_floor, wake_ups, after_drain, relays). Ratios are computed within each run, then their
+//! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
 //! Memory, scale and after_drain run once, whatever `--runs` says: their million-row tables
@@ -336,12 +336,11 @@ async fn main() {
             s.add("relay connections draining", held.draining as f64);
             let waits = wal_locks::lock_waits(&args.url, 8, sizes.locks).await;
             eprintln!("  waits seen (backend-samples): {:?}", waits.by_event);
-            let share = |n: u64| 100.0 * n as f64 / waits.samples as f64;
             s.add("locks 8 relays events/s", waits.events_per_second);
             s.add("lock samples", waits.samples as f64);
-            s.add("lock wait samples %", share(waits.lock_samples));
+            s.add("lock wait samples %", waits.lock_percent());
             s.add("lock waiters max", waits.most_lock as f64);
-            s.add("lwlock wait samples %", share(waits.lwlock_samples));
+            s.add("lwlock wait samples %", waits.lwlock_percent());
             s.add("lwlock waiters max", waits.most_lwlock as f64);
             duplicates.set(duplicates.get() + waits.duplicates);
         }
@@ -417,20 +416,22 @@ async fn main() {
             if run % 2 == 0 {
                 sides.reverse();
             }
+            let (mut four, mut eight) = (f64::NAN, f64::NAN);
             for relays in sides {
                 let waits = wal_locks::lock_waits(&args.url, relays, sizes.locks).await;
                 eprintln!("  {relays} relays, waits seen (backend-samples): {:?}", waits.by_event);
-                let share = |n: u64| 100.0 * n as f64 / waits.samples as f64;
-                s.add(format!("relays {relays} events/s"), waits.events_per_second);
+                let rate = waits.events_per_second;
+                match relays {
+                    4 => four = rate,
+                    _ => eight = rate,
+                }
+                s.add(format!("relays {relays} events/s"), rate);
                 s.add(format!("relays {relays} cpu busy %"), 100.0 * waits.cpu_busy);
-                s.add(format!("relays {relays} lock wait %"), share(waits.lock_samples));
-                s.add(format!("relays {relays} lwlock wait %"), share(waits.lwlock_samples));
+                s.add(format!("relays {relays} lock wait %"), waits.lock_percent());
+                s.add(format!("relays {relays} lwlock wait %"), waits.lwlock_percent());
                 duplicates.set(duplicates.get() + waits.duplicates);
             }
-            s.add(
-                "relays 8 vs 4",
-                m_last(&s, "relays 8 events/s") / m_last(&s, "relays 4 events/s"),
-            );
+            s.add("relays 8 vs 4", eight / four);
         }
 
         // 13. retention under producers at full speed.
@@ -462,7 +463,7 @@ async fn main() {
             duplicates.set(duplicates.get() + measured.duplicates);
         }
 
-        let counted = ["drain_stale", "drain_stale_big", "wal_locks", "batch", "types"];
+        let counted = ["drain_stale", "drain_stale_big", "wal_locks", "batch", "types", "relays"];
         if !c16.is_nan() || counted.iter().any(|w| args.runs(w)) {
             s.add("drain duplicates", duplicates.get() as f64);
         }
@@ -573,11 +574,6 @@ async fn forwarding<B: forward::Broker>(
     s.add(format!("{broker} latency p99 ms"), percentile_ms(&latency.latencies, 0.99));
     s.add(format!("{broker} latency p99.9 ms"), percentile_ms(&latency.latencies, 0.999));
     s.add(format!("{broker} duplicates"), (duplicates + latency.duplicates) as f64);
-}
-
-/// The latest sample of `name` (this run's, when the run added one).
-fn m_last(s: &Samples, name: &str) -> f64 {
-    s.0.get(name).and_then(|xs| xs.last().copied()).unwrap_or(f64::NAN)
 }
 
 /// The `q` quantile of sorted `latencies`, in milliseconds.

@@ -220,6 +220,22 @@ pub struct Waits {
     pub cpu_busy: f64,
 }
 
+impl Waits {
+    /// The percentage of samples with a backend waiting on a heavyweight lock.
+    pub fn lock_percent(&self) -> f64 {
+        self.percent(self.lock_samples)
+    }
+
+    /// The percentage of samples with a backend waiting on a lightweight lock.
+    pub fn lwlock_percent(&self) -> f64 {
+        self.percent(self.lwlock_samples)
+    }
+
+    fn percent(&self, samples: u64) -> f64 {
+        100.0 * samples as f64 / self.samples as f64
+    }
+}
+
 /// `relays` relays (defaults) drain `events` together while a connection of its own
 /// samples `pg_stat_activity` every 5 ms for backends of the database waiting on a lock.
 pub async fn lock_waits(url: &str, relays: usize, events: usize) -> Waits {
