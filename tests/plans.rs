@@ -139,6 +139,54 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             local: None,
         },
         Statement {
+            name: "lease_one",
+            sql: hooks::LEASE_ONE,
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!("{lease_args}, {FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "lease_one_from",
+            sql: hooks::LEASE_ONE,
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!(
+                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}', \
+                 '{{}}'"
+            ),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold_one",
+            sql: hooks::HOLD_ONE,
+            parameters: HOLD_PARAMETERS,
+            first: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            measured: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold",
+            sql: hooks::HOLD,
+            parameters: HOLD_PARAMETERS,
+            first: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            measured: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold_any",
+            sql: hooks::HOLD_ANY,
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
             name: "purge",
             sql: hooks::PURGE_PUBLISHED,
             parameters: "bigint, bigint",
@@ -149,7 +197,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         },
     ];
     // The statements on held rows, measured below once the rows exist.
-    let on_held: [(&str, &str, &str); 9] = [
+    let on_held: [(&str, &str, &str); 13] = [
         ("publish", hooks::PUBLISH, "uuid[], uuid[]"),
         ("publish_delete", hooks::PUBLISH_DELETE, "uuid[], uuid[]"),
         ("release", hooks::RELEASE, "uuid[], uuid[]"),
@@ -159,6 +207,10 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         ("snooze", hooks::SNOOZE, "uuid[], uuid[], jsonb"),
         ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
         ("publish_one_delete", hooks::PUBLISH_ONE_DELETE, "uuid, uuid"),
+        ("held_publish", hooks::HELD_PUBLISH, "uuid[]"),
+        ("held_publish_delete", hooks::HELD_PUBLISH_DELETE, "uuid[]"),
+        ("held_fail", hooks::HELD_FAIL, "uuid[], jsonb"),
+        ("held_snooze", hooks::HELD_SNOOZE, "uuid[], jsonb"),
     ];
 
     // The relay's connection, and a plain one for the transactional handler's acknowledgement.
@@ -186,6 +238,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         let first = match name {
             "renew" => format!("{nothing}, {zero}, 1"),
             "fail" | "snooze" => no_failure.clone(),
+            "held_fail" | "held_snooze" => format!("{nothing}, '{{}}'"),
+            "held_publish" | "held_publish_delete" => nothing.clone(),
             "publish_one" | "publish_one_delete" => {
                 "gen_random_uuid(), gen_random_uuid()".to_owned()
             }
@@ -239,6 +293,9 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             "renew" => (format!("{ids}, {tokens}, 30000000"), HELD as i64, None),
             "fail" => (format!("{ids}, {tokens}, '{errors}'"), HELD as i64, None),
             "snooze" => (format!("{ids}, {tokens}, '{delays}'"), HELD as i64, None),
+            "held_fail" => (format!("{ids}, '{errors}'"), HELD as i64, None),
+            "held_snooze" => (format!("{ids}, '{delays}'"), HELD as i64, None),
+            "held_publish" | "held_publish_delete" => (ids.clone(), HELD as i64, None),
             "publish_one" | "publish_one_delete" => {
                 (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local))
             }
@@ -271,6 +328,13 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
 /// The parameter types of the lease statement.
 const LEASE_PARAMETERS: &str =
     "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[], uuid[]";
+
+/// The parameter types of the held-transaction lease: the lease's but the held rows.
+const HOLD_PARAMETERS: &str =
+    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[]";
+
+/// [`FROM_HEAD`] for the held-transaction lease, which takes no held rows.
+const HOLD_FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}'";
 
 /// The lease's arguments after `$5`: `order.placed` from the head of its pending rows.
 const FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}', '{}'";

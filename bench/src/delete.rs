@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use outbox_runtime::OutboxEvent;
+use outbox_runtime::{LeaseMode, OutboxEvent};
 use sqlx::{Connection, PgPool, Row};
 use uuid::Uuid;
 
@@ -14,12 +14,13 @@ use crate::db::{self, Database};
 use crate::events::{credited, Credited};
 use crate::relay::{self, Calls, Setup};
 
-/// One relay (defaults: concurrency 16, leases sized by the relay) drains `events`, deleting delivered rows if `delete`, else
-/// marking them published; returns events/s.
-pub async fn relay(url: &str, events: usize, delete: bool) -> f64 {
+/// One relay (defaults: concurrency 16, leases sized by the relay) in `lease_mode` drains
+/// `events`, deleting delivered rows if `delete`, else marking them published; returns events/s.
+pub async fn relay(url: &str, events: usize, delete: bool, lease_mode: LeaseMode) -> f64 {
     let db = Database::fresh(url, "delete").await;
     db::backlog(&db.pool, events, credited).await;
-    let drained = relay::drain(&db.pool, events, Setup { delete, ..Setup::defaults(1) }).await;
+    let setup = Setup { delete, lease_mode, ..Setup::defaults(1) };
+    let drained = relay::drain(&db.pool, events, setup).await;
     assert_eq!(drained.duplicates, 0, "the relay called a handler twice for one event");
     let kept = if delete { 0 } else { events as i64 };
     check(&db.pool, kept).await;

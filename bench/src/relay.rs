@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_runtime::{EventContext, Relay, RelayMetrics};
+use outbox_runtime::{EventContext, LeaseMode, Relay, RelayMetrics};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -39,12 +39,20 @@ pub struct Setup {
     pub ordered: bool,
     /// `delete_on_publish(true)`: delivered rows are deleted instead of marked published.
     pub delete: bool,
+    pub lease_mode: LeaseMode,
 }
 
 impl Setup {
     /// `relays` relays of `concurrency`, leasing 100 rows at most, unordered, marking published.
     pub fn new(relays: usize, concurrency: usize) -> Setup {
-        Setup { relays, concurrency, batch_size: Some(100), ordered: false, delete: false }
+        Setup {
+            relays,
+            concurrency,
+            batch_size: Some(100),
+            ordered: false,
+            delete: false,
+            lease_mode: LeaseMode::Written,
+        }
     }
 
     /// `relays` relays with the relay's defaults: concurrency 16, and leases sized by the relay.
@@ -57,7 +65,8 @@ impl Setup {
         let builder = Relay::builder(pool.clone())
             .state(calls.clone())
             .concurrency(self.concurrency)
-            .delete_on_publish(self.delete);
+            .delete_on_publish(self.delete)
+            .lease_mode(self.lease_mode);
         let builder = match self.batch_size {
             Some(rows) => builder.batch_size(rows),
             None => builder,

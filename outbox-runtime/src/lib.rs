@@ -126,7 +126,7 @@ pub use json_schema::{event_schemas, EventSchema};
 pub use migrate::{check_schema, migrate, with_outbox_migrations, SchemaVersion};
 pub use relay::{
     Backoff, BuildError, DeadOrderedEvents, EventContext, Handler, HandlerContext, HandlerOptions,
-    NewerVersions, Reject, Relay, RelayBuilder, RelayCounts, RelayMetrics, Snooze,
+    LeaseMode, NewerVersions, Reject, Relay, RelayBuilder, RelayCounts, RelayMetrics, Snooze,
     TransactionContext, UnknownEvents,
 };
 pub use retention::purge_published;

@@ -32,6 +32,24 @@ pub const PUBLISH_ONE: &str = crate::store::PUBLISH_ONE;
 pub const PUBLISH_DELETE: &str = crate::store::PUBLISH_DELETE;
 /// [`PUBLISH_ONE`] of a relay that deletes published rows: `$1` id, `$2` token.
 pub const PUBLISH_ONE_DELETE: &str = crate::store::PUBLISH_ONE_DELETE;
+/// [`LEASE`] for a relay of one event type (`$6` to `$10` of one element each), which leases
+/// with a single index scan: parameters as [`LEASE`].
+pub const LEASE_ONE: &str = crate::store::LEASE_ONE;
+/// The held-transaction lease (`LeaseMode::HeldTransaction`): parameters as [`LEASE`] but the
+/// last (`$2` to `$4` unused); locks and reads, writes nothing.
+pub const HOLD: &str = crate::store::HOLD_HANDLED;
+/// [`HOLD`] for a relay of one event type: parameters as [`HOLD`].
+pub const HOLD_ONE: &str = crate::store::HOLD_ONE;
+/// [`LEASE_ANY`] in a held transaction: parameters as [`LEASE_ANY`] but the last.
+pub const HOLD_ANY: &str = crate::store::HOLD_ANY;
+/// Marks rows of a held transaction published: `$1` ids.
+pub const HELD_PUBLISH: &str = crate::store::HELD_PUBLISH;
+/// Deletes rows of a held transaction: `$1` ids.
+pub const HELD_PUBLISH_DELETE: &str = crate::store::HELD_PUBLISH_DELETE;
+/// Failures of rows of a held transaction: `$1` ids, `$2` as [`FAIL`]'s `$3`.
+pub const HELD_FAIL: &str = crate::store::HELD_FAIL;
+/// Snoozes of rows of a held transaction: `$1` ids, `$2` as [`SNOOZE`]'s `$3`.
+pub const HELD_SNOOZE: &str = crate::store::HELD_SNOOZE;
 /// Retention: `$1` age in micros, `$2` most rows.
 pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
 

@@ -37,7 +37,7 @@ use outbox_runtime::forward::nats::{async_nats, NatsSink};
 use outbox_runtime::forward::rabbitmq::{lapin, RabbitSink};
 use outbox_runtime::forward::redis::{redis, RedisSink};
 use outbox_runtime::forward::Forward;
-use outbox_runtime::{Backoff, EventContext, OutboxEvent, Relay, TransactionContext};
+use outbox_runtime::{Backoff, EventContext, LeaseMode, OutboxEvent, Relay, TransactionContext};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -214,6 +214,10 @@ async fn relay() -> Result<(), String> {
         .poll_interval(millis("RELAY_POLL_INTERVAL_MS", 50)?)
         .backoff(backoff)
         .delete_on_publish(setting("RELAY_DELETE_ON_PUBLISH", 0)? == 1)
+        .lease_mode(match setting("RELAY_HELD_TRANSACTION", 0)? {
+            1 => LeaseMode::HeldTransaction,
+            _ => LeaseMode::Written,
+        })
         .build()
         .map_err(|error| error.to_string())?;
     let counts = relay.run_until(shutdown).await.map_err(|error| error.to_string())?;

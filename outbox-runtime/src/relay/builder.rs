@@ -11,7 +11,8 @@ use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
 use crate::forward::{Forward, ForwardRoute, SinkHealth};
 use crate::relay::config::{
-    Backoff, DeadOrderedEvents, HandlerOptions, NewerVersions, RelayConfig, UnknownEvents,
+    Backoff, DeadOrderedEvents, HandlerOptions, LeaseMode, NewerVersions, RelayConfig,
+    UnknownEvents,
 };
 use crate::relay::forwarding::Forwarding;
 use crate::relay::handler::{Handler, Route, Stateless};
@@ -105,6 +106,17 @@ pub enum BuildError {
     /// A setting is out of range.
     #[error("invalid relay setting: {0}")]
     InvalidSetting(&'static str),
+    /// A handler writes in the acknowledgement's transaction ([`TransactionContext`](crate::TransactionContext)), which
+    /// [`LeaseMode::HeldTransaction`] cannot give it: the relay's own transaction holds the rows.
+    #[error(
+        "the handler of `{handler}` writes in the acknowledgement's transaction \
+         (`TransactionContext`), which a relay with `LeaseMode::HeldTransaction` cannot give it: \
+         take `EventContext`, or keep `LeaseMode::Written`"
+    )]
+    TransactionalHandler {
+        /// The Rust event type of the handler.
+        handler: &'static str,
+    },
     /// A forwarding destination template names a placeholder no row field fills.
     #[error(
         "invalid forwarding destination: {0} is not a placeholder; use {{aggregate_type}}, \
@@ -397,6 +409,33 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         self
     }
 
+    /// How the relay holds the rows it delivers. Default [`LeaseMode::Written`].
+    ///
+    /// [`LeaseMode::HeldTransaction`] locks each batch in a transaction on the relay's own
+    /// connection (`FOR UPDATE SKIP LOCKED`), delivers it, and writes the outcomes in that
+    /// transaction before it commits: one write per row instead of two (the lease, then the
+    /// outcome), so it drains faster, most of all with
+    /// [`delete_on_publish`](Self::delete_on_publish) (BENCHMARKS.md, `delete`). What it trades:
+    /// - A lost connection ends the lease at once: the server releases the locks, and another
+    ///   relay may deliver the batch's rows while this one's handlers still run (they are
+    ///   cancelled as soon as the relay notices, within a second). A written lease outlives
+    ///   its connection until its deadline. At least once holds either way.
+    /// - A batch is acknowledged when its last delivery ends: a slow handler delays the others'
+    ///   outcomes and the next lease, and its open transaction holds back vacuum meanwhile.
+    ///   It suits fast handlers and forwarding.
+    /// - A relay that dies mid-batch leaves its rows as they were: no expired lease is counted,
+    ///   so [`max_expired_leases`](Self::max_expired_leases) does not apply.
+    /// - Handlers that write in the acknowledgement's transaction ([`TransactionContext`](crate::TransactionContext)) are
+    ///   refused by `build` ([`BuildError::TransactionalHandler`]).
+    ///
+    /// The transaction is kept alive by a statement at least every second; the server ends it
+    /// (`idle_in_transaction_session_timeout`, the lease timeout) if the relay stops answering.
+    /// Relays of both modes can share one outbox.
+    pub fn lease_mode(mut self, mode: LeaseMode) -> Self {
+        self.config.lease_mode = mode;
+        self
+    }
+
     /// Checks the handlers and settings and builds the relay.
     pub fn build(self) -> Result<Relay<S>, BuildError> {
         let mut config = self.config;
@@ -435,6 +474,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         let mut routes: Routes<S> = HashMap::new();
         let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> = HashMap::new();
         for handler in self.handlers {
+            if config.lease_mode == LeaseMode::HeldTransaction && handler.route.is_transactional() {
+                return Err(BuildError::TransactionalHandler { handler: handler.event_name });
+            }
             let policy = handler.options.over(&config);
             max_attempts(policy.max_attempts)?;
             let route = Routed { route: Arc::from(handler.route), policy };

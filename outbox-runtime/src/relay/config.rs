@@ -149,6 +149,21 @@ pub enum DeadOrderedEvents {
     SkipPast,
 }
 
+/// How a relay holds the rows it delivers; see [`RelayBuilder::lease_mode`](crate::RelayBuilder::lease_mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseMode {
+    /// Each leased row records its lease (a token and a deadline, renewed while it is
+    /// delivered), and each outcome is written under that token: the lease survives a lost
+    /// connection, and a relay whose lease expired can write nothing.
+    #[default]
+    Written,
+    /// The relay locks a batch in a transaction of its own, delivers it, and writes the
+    /// outcomes in that transaction before it commits: the row locks are the lease, so a row
+    /// is written once (its outcome) instead of twice.
+    HeldTransaction,
+}
+
 /// Relay settings; every field has a documented default.
 #[derive(Debug, Clone)]
 pub(crate) struct RelayConfig {
@@ -167,6 +182,7 @@ pub(crate) struct RelayConfig {
     pub(crate) dead_ordered_events: DeadOrderedEvents,
     pub(crate) retention: Option<Duration>,
     pub(crate) on_publish: OnPublish,
+    pub(crate) lease_mode: LeaseMode,
 }
 
 impl RelayConfig {
@@ -198,6 +214,7 @@ impl Default for RelayConfig {
             dead_ordered_events: DeadOrderedEvents::default(),
             retention: None,
             on_publish: OnPublish::Mark,
+            lease_mode: LeaseMode::Written,
         }
     }
 }

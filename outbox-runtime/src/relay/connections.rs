@@ -48,23 +48,30 @@ impl Connections {
     /// one plan made to be safe whatever the table's statistics ([`store::RELAY_SESSION`]), set
     /// after connecting: poolers such as PgBouncer refuse such startup options. The LISTEN
     /// connection runs no statement but LISTEN, so it needs no settings.
-    pub(crate) fn open(pool: &PgPool) -> Self {
+    ///
+    /// `idle_in_transaction`: for a relay that holds its rows in transactions of the lease
+    /// connection, how long the server lets such a transaction wait for its next statement
+    /// before it ends it, and so releases the rows of a relay that stopped answering.
+    pub(crate) fn open(pool: &PgPool, idle_in_transaction: Option<Duration>) -> Self {
         let options = |name| (*pool.connect_options()).clone().application_name(name);
-        let statements = |connections, name| {
+        let statements = |connections, name, idle_in_transaction: Option<Duration>| {
             PgPoolOptions::new()
                 .max_connections(connections)
                 .test_before_acquire(false)
-                .after_connect(|conn, _| {
+                .after_connect(move |conn, _| {
                     Box::pin(async move {
                         conn.execute(store::RELAY_SESSION).await?;
+                        if let Some(timeout) = idle_in_transaction {
+                            store::set_idle_in_transaction_timeout(conn, timeout).await?;
+                        }
                         Ok(())
                     })
                 })
                 .connect_lazy_with(options(name))
         };
         Connections {
-            lease: statements(1, "outbox-relay-lease"),
-            relay: statements(4, "outbox-relay"),
+            lease: statements(1, "outbox-relay-lease", idle_in_transaction),
+            relay: statements(4, "outbox-relay", None),
             listen: PgPoolOptions::new()
                 .max_connections(1)
                 .test_before_acquire(false)

@@ -165,6 +165,12 @@ pub(crate) trait Route<S>: Send + Sync {
         payload: Payload<'_>,
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError>;
+
+    /// Whether the route writes in the transaction that acknowledges its row, which a relay
+    /// holding its rows in a transaction of its own cannot give it.
+    fn is_transactional(&self) -> bool {
+        false
+    }
 }
 
 /// A plain handler and the event type it takes.
@@ -206,5 +212,9 @@ impl<S> Route<S> for Stateless {
         lease: DeliveryLease,
     ) -> Result<RouteFuture, DecodeError> {
         self.0.call((), meta, payload, lease)
+    }
+
+    fn is_transactional(&self) -> bool {
+        self.0.is_transactional()
     }
 }

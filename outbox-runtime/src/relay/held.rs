@@ -47,6 +47,19 @@ struct Entry {
     finished: bool,
 }
 
+impl Entry {
+    /// Moves the deadline to `deadline`, if that is later.
+    fn extend(&self, deadline: Instant) {
+        self.deadline.send_if_modified(|current| {
+            let later = deadline > *current;
+            if later {
+                *current = deadline;
+            }
+            later
+        });
+    }
+}
+
 impl Held {
     pub(crate) fn new() -> Self {
         Held(Arc::new(Shared {
@@ -138,17 +151,26 @@ impl Held {
         let leases = self.lock();
         for id in renewed {
             match leases.get(id) {
-                Some(entry) if Some(&entry.token) == tokens.get(id) => {
-                    entry.deadline.send_if_modified(|current| {
-                        let later = deadline > *current;
-                        if later {
-                            *current = deadline;
-                        }
-                        later
-                    });
-                }
+                Some(entry) if Some(&entry.token) == tokens.get(id) => entry.extend(deadline),
                 _ => {} // settled or leased again meanwhile
             }
+        }
+    }
+
+    /// Moves every deadline to `deadline`, if later (a held transaction answered: its locks
+    /// hold until then).
+    pub(crate) fn extend_all(&self, deadline: Instant) {
+        for entry in self.lock().values() {
+            entry.extend(deadline);
+        }
+    }
+
+    /// Ends every lease now (a held transaction was lost, and its locks with it): deliveries
+    /// under way are cancelled, queued ones do not start.
+    pub(crate) fn expire_all(&self) {
+        let now = Instant::now();
+        for entry in self.lock().values() {
+            entry.deadline.send_replace(now);
         }
     }
 

@@ -28,6 +28,7 @@ mod deliver;
 mod forwarding;
 mod handler;
 mod held;
+mod held_transaction;
 mod idle;
 mod listener;
 mod metrics;
@@ -50,15 +51,19 @@ use crate::decode::JsonUpcasters;
 use crate::error::{Error, ErrorChain};
 use crate::forward;
 use crate::store::{LeasePlan, LeasedEvent};
-use acker::Acker;
+use acker::{Ack, Acker};
 use config::{Policy, RelayConfig};
 use connections::Connections;
+use deliver::Delivery;
 use forwarding::Forwarding;
-use held::Held;
+use held::{Held, HeldLease};
+use pace::Pace;
 use work::Work;
 
 pub use builder::{BuildError, RelayBuilder};
-pub use config::{Backoff, DeadOrderedEvents, HandlerOptions, NewerVersions, UnknownEvents};
+pub use config::{
+    Backoff, DeadOrderedEvents, HandlerOptions, LeaseMode, NewerVersions, UnknownEvents,
+};
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
 pub(crate) use handler::Route;
@@ -150,15 +155,17 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             checked = connections::check_sessions(&self.pool) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
-        let connections = Connections::open(&self.pool);
+        let idle_in_transaction = match config.lease_mode {
+            LeaseMode::Written => None,
+            LeaseMode::HeldTransaction => Some(config.lease_timeout),
+        };
+        let connections = Connections::open(&self.pool, idle_in_transaction);
         // On the relay's own connections: the application's pool may be busy, or exhausted.
         tokio::select! {
             checked = crate::migrate::await_schema(&connections.relay) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
         let wake = Arc::new(Notify::new());
-        let held = Held::new();
-        let (acks, acks_rx) = mpsc::unbounded_channel();
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
         let listener = AbortOnDrop::spawn(listener::listen(
@@ -167,6 +174,32 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             wake.clone(),
             config.poll_interval,
         ));
+        let chores = self.chores(&connections.relay, &wake);
+
+        self.metrics.set_running(true);
+        let result = match config.lease_mode {
+            LeaseMode::Written => self.run_written(&connections, &wake, shutdown).await,
+            LeaseMode::HeldTransaction => {
+                held_transaction::run(&self, &connections, &wake, shutdown).await
+            }
+        };
+        drop((listener, chores));
+        connections.close().await;
+        self.metrics.set_running(false);
+        result.map(|()| self.metrics.counts())
+    }
+
+    /// The written lease mode: the work loop leases, the acknowledger writes the outcomes, the
+    /// renewals keep the leases; then the graceful shutdown of all three.
+    async fn run_written(
+        &self,
+        connections: &Connections,
+        wake: &Notify,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error> {
+        let config = &self.config;
+        let held = Held::new();
+        let (acks, acks_rx) = mpsc::unbounded_channel();
         let mut acker = AbortOnDrop::spawn(
             Acker {
                 pool: connections.relay.clone(),
@@ -182,12 +215,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             connections.relay.clone(),
             config.lease_timeout,
         ));
-        let chores = self.chores(&connections.relay, &wake);
-
-        self.metrics.set_running(true);
         let mut work = Work::new(held, acks, config.batch_size);
-        let result = work.run(&self, &connections, &wake, shutdown).await;
-        drop((listener, chores));
+        let result = work.run(self, connections, wake, shutdown).await;
         // One deadline for the handlers still running and the acknowledgements after them.
         let deadline = Instant::now() + config.shutdown_timeout;
         work.shut_down(deadline).await;
@@ -204,9 +233,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             Ok(Ok(())) => {}
         }
         drop(renewals);
-        connections.close().await;
-        self.metrics.set_running(false);
-        result.map(|()| self.metrics.counts())
+        result
     }
 
     /// The tasks beside the work: retention, if set, the metrics gauges, and the sink's probe.
@@ -236,6 +263,30 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         match handler.or(self.fallback.as_ref()) {
             Some(Routed { route, policy }) => (Some(route.clone()), *policy),
             None => (None, self.config.policy()),
+        }
+    }
+
+    /// The delivery of a leased row, under `lease`; its outcome goes to `acks`.
+    fn delivery(
+        &self,
+        row: LeasedEvent,
+        lease: HeldLease,
+        acks: &mpsc::UnboundedSender<Ack>,
+        pace: &Pace,
+    ) -> Delivery<S> {
+        let (route, policy) = self.route(&row);
+        Delivery {
+            route,
+            policy,
+            upcasters: self.upcasters.clone(),
+            state: self.state.clone(),
+            row,
+            lease,
+            pool: self.pool.clone(),
+            config: self.config.clone(),
+            acks: acks.clone(),
+            metrics: self.metrics.clone(),
+            pace: pace.clone(),
         }
     }
 }

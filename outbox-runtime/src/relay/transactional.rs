@@ -103,6 +103,10 @@ where
     E: OutboxEvent + Send + 'static,
     S: Send + 'static,
 {
+    fn is_transactional(&self) -> bool {
+        true
+    }
+
     fn call(
         &self,
         state: S,

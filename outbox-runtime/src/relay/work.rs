@@ -39,7 +39,7 @@ const ACKNOWLEDGEMENTS_RECHECK: Duration = Duration::from_millis(100);
 /// How soon a failed lease is tried again, doubling up to 30 s while it keeps failing. Soon:
 /// the usual failure is one broken pooled connection (after a database restart, say), which
 /// the failure itself discarded.
-const FIRST_LEASE_RETRY: Duration = Duration::from_millis(50);
+pub(super) const FIRST_LEASE_RETRY: Duration = Duration::from_millis(50);
 
 /// What the loop has begun: queued and running deliveries, and the leases it holds.
 pub(crate) struct Work<S> {
@@ -283,20 +283,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
             }
             // A row already held is already being delivered or acknowledged here.
             if let Some(held) = self.held.lease(row.event_id, row.lease_token, deadline) {
-                let (route, policy) = relay.route(&row);
-                self.queue.push_back(Delivery {
-                    route,
-                    policy,
-                    upcasters: relay.upcasters.clone(),
-                    state: relay.state.clone(),
-                    row,
-                    lease: held,
-                    pool: relay.pool.clone(),
-                    config: relay.config.clone(),
-                    acks: self.acks.clone(),
-                    metrics: relay.metrics.clone(),
-                    pace: self.pace.clone(),
-                });
+                self.queue.push_back(relay.delivery(row, held, &self.acks, &self.pace));
             }
         }
         found
@@ -362,7 +349,7 @@ async fn until_lease(
 /// A delivery that panicked outside its handler's guard (the handler's own panics are caught
 /// and recorded as its failures): its attempt was recorded by the delivery's guard; the panic
 /// itself is only here.
-fn log_panic(joined: Result<(), JoinError>) {
+pub(super) fn log_panic(joined: Result<(), JoinError>) {
     if let Err(error) = joined {
         if error.is_panic() {
             let panic = error.into_panic();

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{micros, Query, Rows, Scalar};
@@ -50,6 +50,40 @@ macro_rules! update_fenced {
     };
 }
 
+/// What a failure writes, given the failures by id (`$values`, as [`FAIL`] takes them).
+macro_rules! fail_set {
+    ($values:literal) => {
+        concat!(
+            "attempts     = e.attempts + 1, \
+             last_error   = ",
+            $values,
+            "::jsonb -> e.event_id::text ->> 0, \
+             lease_token  = NULL, \
+             available_at = now() + (",
+            $values,
+            "::jsonb -> e.event_id::text ->> 1)::bigint \
+                            * interval '1 microsecond', \
+             dead_at      = CASE WHEN e.attempts + 1 >= (",
+            $values,
+            "::jsonb -> e.event_id::text ->> 2)::int \
+                                 THEN now() END"
+        )
+    };
+}
+
+/// What a snooze writes, given the delays by id (`$values`, as [`SNOOZE`] takes them).
+macro_rules! snooze_set {
+    ($values:literal) => {
+        concat!(
+            "lease_token  = NULL, \
+             available_at = now() + (",
+            $values,
+            "::jsonb ->> e.event_id::text)::bigint \
+                            * interval '1 microsecond'"
+        )
+    };
+}
+
 /// Marks delivered rows published; `$1` ids, `$2` tokens.
 pub(crate) const PUBLISH: &str = update_fenced!("published_at = now()", "e.event_id");
 
@@ -76,16 +110,7 @@ pub(crate) enum OnPublish {
 /// jsonb object rather than more arrays: its keys are looked up by binary search, while
 /// matching array positions would take a join (whose order a stale plan could get wrong) or a
 /// linear search per row.
-pub(crate) const FAIL: &str = update_fenced!(
-    "attempts     = e.attempts + 1, \
-     last_error   = $3::jsonb -> e.event_id::text ->> 0, \
-     lease_token  = NULL, \
-     available_at = now() + ($3::jsonb -> e.event_id::text ->> 1)::bigint \
-                    * interval '1 microsecond', \
-     dead_at      = CASE WHEN e.attempts + 1 >= ($3::jsonb -> e.event_id::text ->> 2)::int \
-                         THEN now() END",
-    "e.event_id, e.dead_at IS NOT NULL"
-);
+pub(crate) const FAIL: &str = update_fenced!(fail_set!("$3"), "e.event_id, e.dead_at IS NOT NULL");
 
 /// Hands rows back without counting an attempt, available at once; `$1` ids, `$2` tokens.
 pub(crate) const RELEASE: &str =
@@ -93,11 +118,7 @@ pub(crate) const RELEASE: &str =
 
 /// Hands snoozed rows back without counting an attempt; `$1` ids, `$2` tokens, `$3` each id's
 /// delay in microseconds (`{"<id>": 1000}`, a jsonb object for the reason given at [`FAIL`]).
-pub(crate) const SNOOZE: &str = update_fenced!(
-    "lease_token  = NULL, \
-     available_at = now() + ($3::jsonb ->> e.event_id::text)::bigint * interval '1 microsecond'",
-    "e.event_id"
-);
+pub(crate) const SNOOZE: &str = update_fenced!(snooze_set!("$3"), "e.event_id");
 
 /// Pushes the lease deadline of held rows; `$1` ids, `$2` tokens, `$3` lease in microseconds.
 pub(crate) const RENEW: &str =
@@ -123,6 +144,35 @@ pub(crate) const PUBLISH_ONE: &str = "UPDATE outbox.events e SET published_at = 
 pub(crate) const PUBLISH_ONE_DELETE: &str = "DELETE FROM outbox.events e \
      WHERE e.event_id = $1 AND e.lease_token = $2 \
        AND coalesce(e.published_at, e.dead_at) IS NULL";
+
+/// An update of rows the relay's held transaction locked (`LeaseMode::HeldTransaction`), `$1`
+/// their ids: the locks are the fence, so no token is checked; the lease token an earlier,
+/// expired lease left is cleared, so that lease's late acknowledgement finds nothing.
+macro_rules! update_held {
+    ($set:expr, $returning:expr) => {
+        concat!(
+            "UPDATE outbox.events e SET ",
+            $set,
+            " WHERE e.event_id = ANY ($1::uuid[]) RETURNING ",
+            $returning
+        )
+    };
+}
+
+/// Marks delivered held rows published; `$1` ids.
+pub(crate) const HELD_PUBLISH: &str =
+    update_held!("published_at = now(), lease_token = NULL", "e.event_id");
+
+/// Deletes delivered held rows instead; `$1` ids.
+pub(crate) const HELD_PUBLISH_DELETE: &str =
+    "DELETE FROM outbox.events e WHERE e.event_id = ANY ($1::uuid[]) RETURNING e.event_id";
+
+/// Records failed deliveries of held rows; `$1` ids, `$2` as [`FAIL`]'s `$3`.
+pub(crate) const HELD_FAIL: &str =
+    update_held!(fail_set!("$2"), "e.event_id, e.dead_at IS NOT NULL");
+
+/// Hands snoozed held rows back; `$1` ids, `$2` as [`SNOOZE`]'s `$3`.
+pub(crate) const HELD_SNOOZE: &str = update_held!(snooze_set!("$2"), "e.event_id");
 
 /// Marks delivered rows published, or deletes them. Returns the ids done; the others were
 /// either taken over by another relay after this one's lease expired, or locked by someone else
@@ -199,6 +249,14 @@ impl ByRow {
             .bind(&self.event_ids)
             .bind(&self.tokens)
             .bind(sqlx::types::Json(&self.values))
+    }
+
+    /// The statement for rows of a held transaction: the ids and the values, no tokens.
+    fn held_query<O>(&self, sql: &'static str) -> Rows<'_, O>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+    {
+        sqlx::query_as(sql).bind(&self.event_ids).bind(sqlx::types::Json(&self.values))
     }
 }
 
@@ -301,4 +359,47 @@ pub(crate) async fn still_leased(
 
 pub(super) fn still_leased_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Scalar<'q, Uuid> {
     sqlx::query_scalar(STILL_LEASED).bind(ids).bind(tokens)
+}
+
+/// Marks delivered rows of the held transaction `tx` published, or deletes them. Returns the
+/// ids done: all of them, the transaction holding their locks.
+pub(crate) async fn publish_held(
+    tx: &mut PgConnection,
+    ids: &[Uuid],
+    on_publish: OnPublish,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    publish_held_query(ids, on_publish).fetch_all(tx).await
+}
+
+pub(super) fn publish_held_query(ids: &[Uuid], on_publish: OnPublish) -> Scalar<'_, Uuid> {
+    let sql = match on_publish {
+        OnPublish::Mark => HELD_PUBLISH,
+        OnPublish::Delete => HELD_PUBLISH_DELETE,
+    };
+    sqlx::query_scalar(sql).bind(ids)
+}
+
+/// [`fail`] for rows of the held transaction `tx` (their tokens are not read).
+pub(crate) async fn fail_held(
+    tx: &mut PgConnection,
+    failures: &Failures,
+) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
+    fail_held_query(failures).fetch_all(tx).await
+}
+
+pub(super) fn fail_held_query(failures: &Failures) -> Rows<'_, (Uuid, bool)> {
+    failures.0.held_query(HELD_FAIL)
+}
+
+/// [`snooze`] for rows of the held transaction `tx` (their tokens are not read).
+pub(crate) async fn snooze_held(
+    tx: &mut PgConnection,
+    snoozes: &Snoozes,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let rows: Vec<(Uuid,)> = snooze_held_query(snoozes).fetch_all(tx).await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+pub(super) fn snooze_held_query(snoozes: &Snoozes) -> Rows<'_, (Uuid,)> {
+    snoozes.0.held_query(HELD_SNOOZE)
 }

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{micros, Query};
@@ -324,28 +325,42 @@ macro_rules! oldest_per_type {
     };
 }
 
-/// Leases the oldest available rows of the types `$6` to `$8` (up to their versions), each past
-/// the position `$9`, `$10`; all column-wise. `$11`: the rows the relay holds.
-///
-/// A row removed from the pending rows (leased, published, deleted) leaves its index entry
-/// behind, dead, at the head of the index, where every scan from the head steps over it until
-/// vacuum removes it: on a large backlog, more with every row drained, so a drain slowed as it
-/// went (a lease of 100 rows read 2,500 index pages after 300,000 rows, against 6 at the start).
-/// So while a relay drains a backlog, each lease starts past the last row its previous lease
-/// took of the type; it reads from the head (NULL) again once it has caught up, and at
-/// least once a second, for the rows that land behind that position (a transaction that
-/// committed late, an event scheduled in the past).
-pub(crate) const LEASE_HANDLED: &str = lease_sql!(
-    "$11",
-    oldest_per_type!("UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], $10::int8[])")
-);
+/// Selects and locks up to `$1` available rows of the one type in `types` (as for
+/// [`oldest_per_type!`]), oldest first, and returns their `columns` (of `r`): one scan of the
+/// `events_pending_by_type` index, as a hand-written query would. With a single type there is
+/// nothing to share out, so the turns of [`oldest_per_type!`] only cost (a third of a lease of
+/// 870 rows, measured).
+macro_rules! one_type {
+    ($types:expr, $columns:expr) => {
+        concat!(
+            "SELECT c.* FROM ",
+            $types,
+            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
+             CROSS JOIN LATERAL ( \
+                 SELECT ",
+            $columns,
+            " FROM outbox.events r WHERE ",
+            leasable!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
+            " \
+                 ORDER BY r.available_at, r.seq \
+                 LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED \
+             ) c"
+        )
+    };
+}
 
-/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions
-/// (`$9`: the rows the relay holds). The types with pending rows come from a skip scan of the
-/// per-type index (one probe per type), not from an index of their own.
-pub(crate) const LEASE_ANY: &str = lease_sql!(
-    "$9",
-    oldest_per_type!(
+/// The types a lease of the handled types reads: `$6` to `$8`, each past `$9`, `$10`.
+macro_rules! handled_types {
+    () => {
+        "UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], $10::int8[])"
+    };
+}
+
+/// Every type with pending rows, those in `$6` to `$8` up to their versions, from the head: a
+/// skip scan of the per-type index (one probe per type), not an index of their own.
+macro_rules! pending_types {
+    () => {
         "(WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
           WHERE r.published_at IS NULL AND r.dead_at IS NULL \
@@ -363,8 +378,90 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(
      FROM pending_types t \
      LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
      ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
-    )
-);
+    };
+}
+
+/// Leases the oldest available rows of the types `$6` to `$8` (up to their versions), each past
+/// the position `$9`, `$10`; all column-wise. `$11`: the rows the relay holds.
+///
+/// A row removed from the pending rows (leased, published, deleted) leaves its index entry
+/// behind, dead, at the head of the index, where every scan from the head steps over it until
+/// vacuum removes it: on a large backlog, more with every row drained, so a drain slowed as it
+/// went (a lease of 100 rows read 2,500 index pages after 300,000 rows, against 6 at the start).
+/// So while a relay drains a backlog, each lease starts past the last row its previous lease
+/// took of the type; it reads from the head (NULL) again once it has caught up, and at
+/// least once a second, for the rows that land behind that position (a transaction that
+/// committed late, an event scheduled in the past).
+pub(crate) const LEASE_HANDLED: &str = lease_sql!("$11", oldest_per_type!(handled_types!()));
+
+/// [`LEASE_HANDLED`] for a single type (`$6` to `$10` hold one element each).
+pub(crate) const LEASE_ONE: &str =
+    lease_sql!("$11", one_type!(handled_types!(), "r.ctid, r.available_at, r.seq"));
+
+/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions
+/// (`$9`: the rows the relay holds).
+pub(crate) const LEASE_ANY: &str = lease_sql!("$9", oldest_per_type!(pending_types!()));
+
+/// What the held-transaction lease returns of each row `$r`, in [`lease_sql!`]'s order.
+macro_rules! held_columns {
+    ($r:literal) => {
+        concat!(
+            $r,
+            ".event_id, ",
+            $r,
+            ".aggregate_type, ",
+            $r,
+            ".aggregate_id, ",
+            $r,
+            ".event_type, ",
+            $r,
+            ".payload::text, ",
+            $r,
+            ".headers, ",
+            $r,
+            ".created_at, ",
+            $r,
+            ".attempts, ",
+            $r,
+            ".expired_leases, false AS died, ",
+            $r,
+            ".event_version, ",
+            $r,
+            ".seq, ",
+            $r,
+            ".available_at"
+        )
+    };
+}
+
+/// The held-transaction lease (`LeaseMode::HeldTransaction`) around a `candidates` query: it
+/// only reads the rows the candidates locked, by `ctid`, and writes nothing. The row locks are
+/// the lease: they last until the relay's transaction ends, and every other relay skips the
+/// rows meanwhile. The rows come back as [`lease_sql!`] returns them (with `died` false: no
+/// expired lease is counted), so one reader serves both; `available_at` is unchanged, so it is
+/// the row's position.
+macro_rules! hold_sql {
+    ($($candidates:expr),+) => {
+        concat!(
+            "WITH candidates AS (",
+            $($candidates,)+
+            ") SELECT ",
+            held_columns!("e"),
+            " FROM outbox.events e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates))"
+        )
+    };
+}
+
+/// [`LEASE_HANDLED`] in a held transaction: locks and reads, writes nothing. Binds what
+/// `LEASE_HANDLED` binds but the held rows; `$2` to `$4` are unused.
+pub(crate) const HOLD_HANDLED: &str = hold_sql!(oldest_per_type!(handled_types!()));
+
+/// [`LEASE_ONE`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`]: the rows
+/// come straight from the scan that locks them.
+pub(crate) const HOLD_ONE: &str = one_type!(handled_types!(), held_columns!("r"));
+
+/// [`LEASE_ANY`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`].
+pub(crate) const HOLD_ANY: &str = hold_sql!(oldest_per_type!(pending_types!()));
 
 /// The settings of the relay's own connections. Each statement is planned once and the plan
 /// reused (planning each lease took a fifth of its time), so that plan must stay index-driven
@@ -376,6 +473,20 @@ pub(crate) const LEASE_ANY: &str = lease_sql!(
 pub(crate) const RELAY_SESSION: &str =
     "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off";
 
+/// Sets how long the server lets a transaction of this session wait for its next statement
+/// (`idle_in_transaction_session_timeout`), for the rest of the session.
+pub(crate) async fn set_idle_in_transaction_timeout(
+    conn: &mut PgConnection,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    let millis = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX).max(1);
+    sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, false)")
+        .bind(format!("{millis}ms"))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Leases up to `limit` available rows in one statement under a fresh fencing token; `held`:
 /// the rows the relay holds, whose expired leases it does not count when it leases them again.
 pub(crate) async fn lease(
@@ -386,39 +497,59 @@ pub(crate) async fn lease(
     held: &[Uuid],
 ) -> Result<Vec<LeasedEvent>, sqlx::Error> {
     let token = Uuid::new_v4();
-    let rows = lease_query(plan, scan, limit, token, held).fetch_all(pool).await?;
-    rows.iter()
-        .map(|row| {
-            Ok(LeasedEvent {
-                event_id: row.try_get(0)?,
-                aggregate_type: row.try_get(1)?,
-                aggregate_id: row.try_get(2)?,
-                event_type: row.try_get(3)?,
-                payload: row.try_get(4)?,
-                headers: row.try_get(5)?,
-                created_at: row.try_get(6)?,
-                attempts: row.try_get(7)?,
-                expired_leases: row.try_get(8)?,
-                died: row.try_get(9)?,
-                event_version: row.try_get(10)?,
-                position: (row.try_get(12)?, row.try_get(11)?),
-                lease_token: token,
-            })
-        })
-        .collect()
+    let rows = lease_query(plan, scan, limit, token, Some(held)).fetch_all(pool).await?;
+    rows.iter().map(|row| leased_event(row, token)).collect()
+}
+
+/// Locks up to `limit` available rows in the transaction `tx` and reads them, writing nothing
+/// (see [`HOLD_HANDLED`]): they stay leased until `tx` ends. Their `lease_token` is `token`,
+/// for the relay's bookkeeping only.
+pub(crate) async fn hold(
+    tx: &mut PgConnection,
+    plan: &LeasePlan,
+    scan: Scan<'_>,
+    limit: i64,
+    token: Uuid,
+) -> Result<Vec<LeasedEvent>, sqlx::Error> {
+    let rows = lease_query(plan, scan, limit, token, None).fetch_all(tx).await?;
+    rows.iter().map(|row| leased_event(row, token)).collect()
+}
+
+fn leased_event(row: &PgRow, token: Uuid) -> Result<LeasedEvent, sqlx::Error> {
+    Ok(LeasedEvent {
+        event_id: row.try_get(0)?,
+        aggregate_type: row.try_get(1)?,
+        aggregate_id: row.try_get(2)?,
+        event_type: row.try_get(3)?,
+        payload: row.try_get(4)?,
+        headers: row.try_get(5)?,
+        created_at: row.try_get(6)?,
+        attempts: row.try_get(7)?,
+        expired_leases: row.try_get(8)?,
+        died: row.try_get(9)?,
+        event_version: row.try_get(10)?,
+        position: (row.try_get(12)?, row.try_get(11)?),
+        lease_token: token,
+    })
 }
 
 /// `$1` limit, `$2` token, `$3` lease in microseconds, `$4` most expired leases, `$5` skip dead
 /// ordered events, `$6` to `$8` the types and their newest versions, and for
 /// [`LEASE_HANDLED`] `$9`, `$10` where each type's scan starts; all column-wise; then the held
-/// rows (`$11`, or `$9` for [`LEASE_ANY`]).
+/// rows (`$11`, or `$9` for [`LEASE_ANY`]). `held` `None`: the held-transaction statements
+/// ([`HOLD_HANDLED`], [`HOLD_ANY`]), which take no held rows.
 pub(super) fn lease_query<'q>(
     plan: &'q LeasePlan,
     scan: Scan<'_>,
     limit: i64,
     token: Uuid,
-    held: &'q [Uuid],
+    held: Option<&'q [Uuid]>,
 ) -> Query<'q> {
+    let (handled, one, any) = match held {
+        Some(_) => (LEASE_HANDLED, LEASE_ONE, LEASE_ANY),
+        None => (HOLD_HANDLED, HOLD_ONE, HOLD_ANY),
+    };
+    let handled = |types: usize| if types == 1 { one } else { handled };
     let query = |sql| {
         sqlx::query(sql)
             .bind(limit)
@@ -427,21 +558,18 @@ pub(super) fn lease_query<'q>(
             .bind(plan.max_expired_leases)
             .bind(plan.skip_dead_ordered)
     };
-    match (scan, &plan.types) {
-        (Scan::Full, LeaseTypes::All(types)) => query(LEASE_ANY)
-            .bind(&types.aggregate_types)
-            .bind(&types.event_types)
-            .bind(&types.versions)
-            .bind(held),
+    let query = match (scan, &plan.types) {
+        (Scan::Full, LeaseTypes::All(types)) => {
+            query(any).bind(&types.aggregate_types).bind(&types.event_types).bind(&types.versions)
+        }
         (Scan::Full, LeaseTypes::Only(types)) => {
             let head = types.event_types.len();
-            query(LEASE_HANDLED)
+            query(handled(head))
                 .bind(&types.aggregate_types)
                 .bind(&types.event_types)
                 .bind(&types.versions)
                 .bind(vec![None::<DateTime<Utc>>; head])
                 .bind(vec![None::<i64>; head])
-                .bind(held)
         }
         (Scan::From(positions), _) => {
             let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -452,13 +580,16 @@ pub(super) fn lease_query<'q>(
                 columns.3.push(*at);
                 columns.4.push(*seq);
             }
-            query(LEASE_HANDLED)
+            query(handled(columns.0.len()))
                 .bind(columns.0)
                 .bind(columns.1)
                 .bind(columns.2)
                 .bind(columns.3)
                 .bind(columns.4)
-                .bind(held)
         }
+    };
+    match held {
+        Some(held) => query.bind(held),
+        None => query,
     }
 }

@@ -21,11 +21,13 @@ mod sleepers;
 pub(crate) mod testing;
 
 pub(crate) use ack::{
-    fail, publish, publish_in, release, renew, snooze, still_leased, Failures, OnPublish, Snoozes,
+    fail, fail_held, publish, publish_held, publish_in, release, renew, snooze, snooze_held,
+    still_leased, Failures, OnPublish, Snoozes,
 };
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
 pub(crate) use lease::{
-    lease, LeasePlan, LeaseTypes, LeasedEvent, Positions, Scan, TypeVersions, RELAY_SESSION,
+    hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
+    Scan, TypeVersions, RELAY_SESSION,
 };
 pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
@@ -41,10 +43,10 @@ pub(crate) use sleepers::{
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
     ack::{
-        FAIL, PUBLISH, PUBLISH_DELETE, PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE,
-        STILL_LEASED,
+        FAIL, HELD_FAIL, HELD_PUBLISH, HELD_PUBLISH_DELETE, HELD_SNOOZE, PUBLISH, PUBLISH_DELETE,
+        PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE, STILL_LEASED,
     },
-    lease::{LEASE_ANY, LEASE_HANDLED},
+    lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
 };
 
@@ -110,6 +112,7 @@ mod tests {
         };
         let only = plan(LeaseTypes::Only(types()));
         let positions = Positions::default();
+        let (from, held) = (Scan::From(&positions), Some(ids.as_slice()));
         let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1), 3);
@@ -126,17 +129,21 @@ mod tests {
             idempotency_key,
         };
         let statements = [
-            ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, &ids))),
-            ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, &ids))),
-            (
-                "lease from",
-                parameters(lease::lease_query(&all, Scan::From(&positions), 10, nil, &ids)),
-            ),
+            ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
+            ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
+            ("lease from", parameters(lease::lease_query(&all, from, 10, nil, held))),
+            ("hold handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, None))),
+            ("hold any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, None))),
+            ("hold from", parameters(lease::lease_query(&all, from, 10, nil, None))),
             ("publish", parameters(ack::publish_query(&ids, &tokens, OnPublish::Mark))),
             ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
             ("publish one delete", parameters(ack::publish_one_query(nil, nil, OnPublish::Delete))),
             ("fail", parameters(ack::fail_query(&failures))),
+            ("publish held", parameters(ack::publish_held_query(&ids, OnPublish::Mark))),
+            ("publish held delete", parameters(ack::publish_held_query(&ids, OnPublish::Delete))),
+            ("fail held", parameters(ack::fail_held_query(&failures))),
+            ("snooze held", parameters(ack::snooze_held_query(&snoozes))),
             ("snooze", parameters(ack::snooze_query(&snoozes))),
             ("release", parameters(ack::release_query(&ids, &tokens))),
             ("renew", parameters(ack::renew_query(&ids, &tokens, Duration::from_secs(1)))),
