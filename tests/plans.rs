@@ -207,8 +207,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         ("snooze", hooks::SNOOZE, "uuid[], uuid[], jsonb"),
         ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
         ("publish_one_delete", hooks::PUBLISH_ONE_DELETE, "uuid, uuid"),
-        ("held_publish", hooks::HELD_PUBLISH, "uuid[]"),
-        ("held_publish_delete", hooks::HELD_PUBLISH_DELETE, "uuid[]"),
+        ("held_publish", hooks::HELD_PUBLISH, "text[]"),
+        ("held_publish_delete", hooks::HELD_PUBLISH_DELETE, "text[]"),
         ("held_fail", hooks::HELD_FAIL, "uuid[], jsonb"),
         ("held_snooze", hooks::HELD_SNOOZE, "uuid[], jsonb"),
     ];
@@ -239,7 +239,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             "renew" => format!("{nothing}, {zero}, 1"),
             "fail" | "snooze" => no_failure.clone(),
             "held_fail" | "held_snooze" => format!("{nothing}, '{{}}'"),
-            "held_publish" | "held_publish_delete" => nothing.clone(),
+            "held_publish" | "held_publish_delete" => "'{}'".to_owned(),
             "publish_one" | "publish_one_delete" => {
                 "gen_random_uuid(), gen_random_uuid()".to_owned()
             }
@@ -281,6 +281,17 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     .await
     .unwrap();
     let ids = uuids(&held);
+    // Where the held rows lie, as a held transaction's outcomes find them.
+    let addresses: Vec<String> =
+        sqlx::query_scalar("SELECT ctid::text FROM outbox.events WHERE event_id = ANY($1)")
+            .bind(&held)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let addresses = format!(
+        "'{{{}}}'",
+        addresses.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(",")
+    );
     let tokens = uuids(&[token; HELD]);
     let errors: serde_json::Map<String, serde_json::Value> =
         held.iter().map(|id| (id.to_string(), serde_json::json!(["boom", 1000, 10]))).collect();
@@ -295,7 +306,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             "snooze" => (format!("{ids}, {tokens}, '{delays}'"), HELD as i64, None),
             "held_fail" => (format!("{ids}, '{errors}'"), HELD as i64, None),
             "held_snooze" => (format!("{ids}, '{delays}'"), HELD as i64, None),
-            "held_publish" | "held_publish_delete" => (ids.clone(), HELD as i64, None),
+            "held_publish" | "held_publish_delete" => (addresses.clone(), HELD as i64, None),
             "publish_one" | "publish_one_delete" => {
                 (format!("'{}', '{token}'", held[0]), 1, Some(publish_one_local))
             }

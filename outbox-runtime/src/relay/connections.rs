@@ -17,6 +17,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 use crate::error::{Error, ErrorChain};
+use crate::relay::config::LeaseMode;
+use crate::relay::held_transaction::BATCHES_IN_FLIGHT;
 use crate::store;
 
 /// Rounds of the check. A pooler that hands server connections round lends the first
@@ -30,7 +32,8 @@ const CHECK_ROUNDS: usize = 3;
 const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) struct Connections {
-    /// The lease statement's, the drain's bound.
+    /// The lease statement's, the drain's bound (one per batch in flight for a relay that holds
+    /// its rows in transactions).
     pub(crate) lease: PgPool,
     /// Acknowledgements and renewals (up to four at once), retention, gauges, wake-up
     /// registrations and the listener's check.
@@ -49,10 +52,11 @@ impl Connections {
     /// after connecting: poolers such as PgBouncer refuse such startup options. The LISTEN
     /// connection runs no statement but LISTEN, so it needs no settings.
     ///
-    /// `idle_in_transaction`: for a relay that holds its rows in transactions of the lease
-    /// connection, how long the server lets such a transaction wait for its next statement
-    /// before it ends it, and so releases the rows of a relay that stopped answering.
-    pub(crate) fn open(pool: &PgPool, idle_in_transaction: Option<Duration>) -> Self {
+    /// A relay that holds its rows in transactions ([`LeaseMode::HeldTransaction`]) gets a
+    /// lease connection per batch in flight, on which the server ends a transaction that waits
+    /// longer than the lease timeout for its next statement: so the rows of a relay that stopped
+    /// answering come free.
+    pub(crate) fn open(pool: &PgPool, lease_mode: LeaseMode, lease_timeout: Duration) -> Self {
         let options = |name| (*pool.connect_options()).clone().application_name(name);
         let statements = |connections, name, idle_in_transaction: Option<Duration>| {
             PgPoolOptions::new()
@@ -69,8 +73,12 @@ impl Connections {
                 })
                 .connect_lazy_with(options(name))
         };
+        let (lease, idle_in_transaction) = match lease_mode {
+            LeaseMode::Written => (1, None),
+            LeaseMode::HeldTransaction => (BATCHES_IN_FLIGHT, Some(lease_timeout)),
+        };
         Connections {
-            lease: statements(1, "outbox-relay-lease", idle_in_transaction),
+            lease: statements(lease, "outbox-relay-lease", idle_in_transaction),
             relay: statements(4, "outbox-relay", None),
             listen: PgPoolOptions::new()
                 .max_connections(1)

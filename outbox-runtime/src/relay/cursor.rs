@@ -34,18 +34,18 @@ impl Cursor {
 
     /// Learns from a lease (`from_head`: whether it was a [`Scan::Full`]) that asked for `asked`
     /// rows and got `rows`.
-    pub(crate) fn leased(
+    pub(crate) fn leased<'a>(
         &mut self,
         plan: &LeasePlan,
         from_head: bool,
         asked: u32,
-        rows: &[LeasedEvent],
+        rows: impl ExactSizeIterator<Item = &'a LeasedEvent>,
     ) {
         if from_head {
             self.from_head_at = Some(Instant::now());
             self.positions = Positions::default();
         }
-        self.positions.advance(plan, rows);
         self.draining = rows.len() >= asked as usize;
+        self.positions.advance(plan, rows);
     }
 }

