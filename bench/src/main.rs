@@ -292,6 +292,30 @@ async fn main() {
             s.add("steady p99.9 ms", percentile_ms(&latencies, 0.999));
         }
 
+        // 3b. latency under producers: one relay (each lease mode) against plain SQL polling.
+        if args.runs("latency_sql") {
+            let db = Database::fresh(&args.url, "latency_polled").await;
+            let poll = Duration::from_millis(1);
+            let (rate, sql) = relay::polled(&db.pool, 8, secs * 2, 4, poll).await;
+            db.drop().await;
+            s.add("latency_sql sql events/s", rate);
+            s.add("latency_sql sql p50 ms", percentile_ms(&sql, 0.50));
+            s.add("latency_sql sql p99 ms", percentile_ms(&sql, 0.99));
+            let modes = [("written", LeaseMode::Written), ("held", LeaseMode::HeldTransaction)];
+            for (name, lease_mode) in modes {
+                let db = Database::fresh(&args.url, "latency_relay").await;
+                let (rate, latencies) =
+                    relay::paced_in(&db.pool, 8, secs * 2, None, lease_mode).await;
+                db.drop().await;
+                s.add(format!("latency_sql {name} events/s"), rate);
+                for (p, q) in [("p50", 0.50), ("p99", 0.99)] {
+                    let ms = percentile_ms(&latencies, q);
+                    s.add(format!("latency_sql {name} {p} ms"), ms);
+                    s.add(format!("latency_sql {name} {p} vs sql"), ms / percentile_ms(&sql, q));
+                }
+            }
+        }
+
         // 8. forwarding to real brokers, each beside the bare client in the same run.
         if args.runs("forward_nats") {
             forwarding::<forward::Nats>(&mut s, "nats", &args.url, sizes.drain, secs).await;

@@ -1,11 +1,11 @@
 //! Our relay: draining a backlog, and steady state with producers running.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_runtime::{EventContext, LeaseMode, Relay, RelayMetrics};
+use outbox_runtime::{EventContext, LeaseMode, OutboxEvent, Relay, RelayMetrics};
 use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -200,13 +200,29 @@ pub async fn paced(
     duration: Duration,
     rate: Option<f64>,
 ) -> (f64, Vec<Duration>) {
+    paced_in(pool, producers, duration, rate, LeaseMode::Written).await
+}
+
+/// [`paced`] with a relay in `lease_mode`.
+pub async fn paced_in(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    rate: Option<f64>,
+    lease_mode: LeaseMode,
+) -> (f64, Vec<Duration>) {
     type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
     async fn timed(ctx: EventContext<Times>, _: Credited) -> Result<(), std::io::Error> {
         ctx.state().lock().unwrap().insert(ctx.event_id(), Instant::now());
         Ok(())
     }
     let handled: Times = Arc::default();
-    let relay = Relay::builder(pool.clone()).state(handled.clone()).handler(timed).build().unwrap();
+    let relay = Relay::builder(pool.clone())
+        .state(handled.clone())
+        .handler(timed)
+        .lease_mode(lease_mode)
+        .build()
+        .unwrap();
     let running = Running::start(relay);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -216,5 +232,69 @@ pub async fn paced(
     }
     running.stop().await;
     let latencies = latencies(&committed, &handled.lock().unwrap());
+    (committed.len() as f64 / duration.as_secs_f64(), latencies)
+}
+
+/// [`paced`]'s producers against plain SQL instead of a relay: `workers` tasks, each on a
+/// connection of its own, loop over one transaction that selects up to 100 of the oldest pending
+/// rows of the type `FOR UPDATE SKIP LOCKED`, records their arrival, marks them published and
+/// commits; a worker that found nothing sleeps `poll` first. Returns (events/s, latencies).
+pub async fn polled(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    workers: usize,
+    poll: Duration,
+) -> (f64, Vec<Duration>) {
+    let arrived: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
+    let producing = Arc::new(AtomicBool::new(true));
+    let workers: Vec<_> = (0..workers)
+        .map(|_| {
+            let (pool, arrived, producing) = (pool.clone(), arrived.clone(), producing.clone());
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                loop {
+                    // Read before the select: one that starts after the last commit and finds
+                    // nothing leaves nothing behind (rows another worker locked, it handles).
+                    let last_look = !producing.load(Ordering::Relaxed);
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+                    let ids: Vec<Uuid> = sqlx::query_scalar(
+                        "SELECT event_id FROM outbox.events \
+                         WHERE aggregate_type = $1 AND event_type = $2 \
+                           AND published_at IS NULL AND dead_at IS NULL \
+                           AND available_at <= now() \
+                         ORDER BY available_at, seq LIMIT 100 FOR UPDATE SKIP LOCKED",
+                    )
+                    .bind(Credited::AGGREGATE_TYPE)
+                    .bind(Credited::EVENT_TYPE)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .unwrap();
+                    let now = Instant::now();
+                    arrived.lock().unwrap().extend(ids.iter().map(|id| (*id, now)));
+                    sqlx::query(
+                        "UPDATE outbox.events SET published_at = now() WHERE event_id = ANY($1)",
+                    )
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                    tx.commit().await.unwrap();
+                    if ids.is_empty() {
+                        if last_look {
+                            break;
+                        }
+                        tokio::time::sleep(poll).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let committed = produce(pool, producers, duration, None).await;
+    producing.store(false, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let latencies = latencies(&committed, &arrived.lock().unwrap());
     (committed.len() as f64 / duration.as_secs_f64(), latencies)
 }

@@ -51,6 +51,11 @@ macro_rules! update_fenced {
 }
 
 /// What a failure writes, given the failures by id (`$values`, as [`FAIL`] takes them).
+///
+/// Times are the statement's (`statement_timestamp()`), not the transaction's (`now()`): in a
+/// held transaction (`update_held!`) `now()` is when the batch was locked, before its handlers
+/// ran, and a retry due "1 s after the failure" would be due already when a slow batch commits.
+/// In an autocommitted statement the two are one.
 macro_rules! fail_set {
     ($values:literal) => {
         concat!(
@@ -59,14 +64,14 @@ macro_rules! fail_set {
             $values,
             "::jsonb -> e.event_id::text ->> 0, \
              lease_token  = NULL, \
-             available_at = now() + (",
+             available_at = statement_timestamp() + (",
             $values,
             "::jsonb -> e.event_id::text ->> 1)::bigint \
                             * interval '1 microsecond', \
              dead_at      = CASE WHEN e.attempts + 1 >= (",
             $values,
             "::jsonb -> e.event_id::text ->> 2)::int \
-                                 THEN now() END"
+                                 THEN statement_timestamp() END"
         )
     };
 }
@@ -76,7 +81,7 @@ macro_rules! snooze_set {
     ($values:literal) => {
         concat!(
             "lease_token  = NULL, \
-             available_at = now() + (",
+             available_at = statement_timestamp() + (",
             $values,
             "::jsonb ->> e.event_id::text)::bigint \
                             * interval '1 microsecond'"
@@ -161,7 +166,8 @@ macro_rules! update_held {
 
 /// Marks delivered held rows published; `$1` their addresses (`store::RowAddress`).
 pub(crate) const HELD_PUBLISH: &str = "UPDATE outbox.events e \
-     SET published_at = now(), lease_token = NULL WHERE e.ctid = ANY ($1::text[]::tid[])";
+     SET published_at = statement_timestamp(), lease_token = NULL \
+     WHERE e.ctid = ANY ($1::text[]::tid[])";
 
 /// Deletes delivered held rows instead; `$1` their addresses.
 pub(crate) const HELD_PUBLISH_DELETE: &str =
