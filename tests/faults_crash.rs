@@ -401,6 +401,109 @@ async fn a_relay_deleting_on_publish_killed_mid_drain_loses_nothing(pool: PgPool
     println!("{CRASH_EVENTS} events, {KILLS} kills, deleting on publish: {repeated} repeated");
 }
 
+/// Whether the relay `pid` is mid-batch: it recorded deliveries whose rows are still pending.
+async fn mid_batch(pool: &PgPool, pid: u32) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM deliveries d JOIN outbox.events e USING (event_id) \
+                        WHERE d.pid = $1 AND e.published_at IS NULL)",
+    )
+    .bind(pid as i32)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The same kills in the held-transaction mode, both cores busy: a killed relay's transaction
+/// dies with its connection, and its row locks with it, so its batch is delivered again at once
+/// with nothing counted (no attempt, no expired lease, no lease token left); only deliveries of
+/// killed relays repeat, at most a batch per kill.
+#[sqlx::test(migrations = false)]
+async fn a_held_transaction_relay_killed_mid_drain_loses_nothing(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    let started = Instant::now();
+    let ids = prepare(&pool, CRASH_EVENTS).await;
+    let mut settings = crash_relay(CRASH_LEASE_MS).to_vec();
+    settings.push(("RELAY_HELD_TRANSACTION", "1"));
+    let batch = settings.iter().find(|(name, _)| *name == "RELAY_BATCH_SIZE").unwrap().1;
+    let batch: usize = batch.parse().unwrap();
+    let mut killed: HashSet<i32> = HashSet::new();
+    let mut relay = RelayProcess::spawn(&pool, &settings);
+    for kill in 1..=KILLS {
+        let target = CRASH_EVENTS * kill / (KILLS + 1);
+        let pid = relay.pid();
+        // Killed mid-batch (most likely still so when the signal lands), so that there are
+        // deliveries whose outcomes the kill loses.
+        wait_until(
+            &format!("{target} events are published and relay {pid} is mid-batch"),
+            Duration::from_secs(60),
+            || async { count(&pool, PUBLISHED).await >= target && mid_batch(&pool, pid).await },
+        )
+        .await;
+        let log = relay.kill();
+        killed.insert(pid as i32);
+        let pending = count(&pool, PENDING).await;
+        println!(
+            "kill {kill}: relay {pid} SIGKILLed, {pending} pending; log {:?}",
+            log_summary(&log)
+        );
+        assert!(pending > 0, "kill {kill} came after the drain");
+        relay = RelayProcess::spawn(&pool, &settings);
+    }
+    wait_until("the last relay drains the outbox", Duration::from_secs(60), || async {
+        count(&pool, PENDING).await == 0
+    })
+    .await;
+    let last_pid = relay.pid() as i32;
+    let (last, log) = relay.terminate().await;
+    println!("last relay: {last:?}; log {:?}", log_summary(&log));
+
+    let rows: Vec<(Uuid, bool, bool, i32, i32, bool)> = sqlx::query_as(
+        "SELECT event_id, published_at IS NOT NULL, dead_at IS NOT NULL, attempts, \
+                expired_leases, lease_token IS NOT NULL FROM outbox.events",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), ids.len());
+    let mut by_event: HashMap<Uuid, Vec<i32>> = HashMap::new();
+    let recorded: Vec<(Uuid, i32, i32)> =
+        sqlx::query_as("SELECT event_id, attempt, pid FROM deliveries")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for (event_id, attempt, pid) in recorded {
+        assert_eq!(attempt, 1, "event {event_id}: no delivery saw an attempt or expiry counted");
+        by_event.entry(event_id).or_default().push(pid);
+    }
+    let (mut duplicates, mut repeated) = (0, 0);
+    for (id, published, dead, attempts, expired_leases, leased) in rows {
+        assert!(published && !dead, "event {id} is published, not pending or dead");
+        assert_eq!((attempts, expired_leases, leased), (0, 0, false), "event {id}");
+        let pids = by_event.get(&id).map(Vec::as_slice).unwrap_or_default();
+        assert!(!pids.is_empty(), "event {id} was never delivered");
+        // A relay delivers a row once: its lock keeps the row until the outcome commits.
+        let distinct: HashSet<&i32> = pids.iter().collect();
+        assert_eq!(distinct.len(), pids.len(), "event {id}: a relay delivered it twice: {pids:?}");
+        // One relay at a time, and only the last one lived on: every delivery but its own was
+        // a killed relay's, and came before it.
+        assert!(
+            pids.iter().all(|pid| killed.contains(pid) || *pid == last_pid),
+            "event {id} delivered by {pids:?}; killed {killed:?}, last {last_pid}"
+        );
+        if pids.len() > 1 {
+            duplicates += pids.len() - 1;
+            repeated += 1;
+        }
+    }
+    let bound = KILLS as usize * batch;
+    println!(
+        "{CRASH_EVENTS} events, {KILLS} kills, held transactions: {duplicates} duplicate \
+         deliveries of {repeated} events, bound {bound} (a batch per kill); {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(duplicates <= bound, "each kill repeats at most the batch it held");
+}
+
 /// Leases of a few seconds, short enough that a renewal held up (a plan that scans the outbox,
 /// a lock wait, a starved process) makes them expire.
 const SHORT_LEASE_MS: &str = "2000";
