@@ -5,10 +5,8 @@
 //! delivering twice or out of order; the row locks are the lease, so other relays skip a row
 //! for as long as its delivery runs; a lost connection cancels the batch's deliveries at once
 //! and its rows are delivered again; and the server ends the transaction of a relay that stopped
-//! answering (SIGSTOP), so another relay delivers its rows.
-//!
-//! Ignored, a known bug: a retry's delay and a snooze count from the start of the batch's
-//! transaction, not from the outcome, so a delivery slower than its delay comes back at once.
+//! answering (SIGSTOP), so another relay delivers its rows; a retry's delay and a snooze count
+//! from the outcome, not from the start of the batch's transaction.
 
 mod support;
 
@@ -354,10 +352,9 @@ async fn a_written_relay_counts_delays_from_the_outcome(pool: PgPool) {
     delays_count_from_the_outcome(pool, LeaseMode::Written).await;
 }
 
+/// The held mode writes its outcomes in the batch's transaction, which began before the
+/// handlers ran: the delay still counts from the outcome.
 #[sqlx::test(migrations = false)]
-#[ignore = "bug: the held mode counts retry delays and snoozes from the start of the batch's \
-            transaction (`now()` in HELD_FAIL/HELD_SNOOZE), so a delivery slower than its delay \
-            is delivered again at once"]
 async fn a_held_relay_counts_delays_from_the_outcome(pool: PgPool) {
     delays_count_from_the_outcome(pool, LeaseMode::HeldTransaction).await;
 }
@@ -509,10 +506,9 @@ async fn other_relays_skip_a_row_while_a_held_relay_delivers_it(pool: PgPool) {
             .handler(records)
             .lease_timeout(LOCK_LEASE),
     );
-    eventually("the other relay delivers the other events", || async {
-        count_published(&pool).await == 50
-    })
-    .await;
+    // By either relay: the held one goes on with a second batch beside the blocked one.
+    eventually("the other events are delivered", || async { count_published(&pool).await == 50 })
+        .await;
     // Past the lease timeout: the keep-alive holds the transaction, and its lock, meanwhile.
     tokio::time::sleep(LOCK_LEASE + Duration::from_secs(1)).await;
     assert!(calls.of(blocked).is_empty(), "the other relay delivered the locked row");
@@ -526,12 +522,12 @@ async fn other_relays_skip_a_row_while_a_held_relay_delivers_it(pool: PgPool) {
 
     assert_eq!(gate.calls.of(blocked).len(), 1, "delivered once, by the relay that held it");
     assert!(calls.of(blocked).is_empty(), "never by the other relay");
-    assert_eq!(gate.calls.len(), 1, "the held relay was busy with it all along");
     for id in &others {
-        assert_eq!(calls.of(*id).len(), 1, "event {id}: delivered once by the other relay");
+        let deliveries = calls.of(*id).len() + gate.calls.of(*id).len();
+        assert_eq!(deliveries, 1, "event {id}: delivered once");
     }
     assert_eq!(outcome(&pool, blocked).await, (true, false, 0, 0, false));
-    assert_eq!((held_counts.delivered, other_counts.delivered), (1, 50));
+    assert_eq!(held_counts.delivered + other_counts.delivered, 51);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -600,7 +596,11 @@ async fn a_lost_connection_cancels_the_batch_and_its_rows_are_delivered_again(po
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(terminated, [true], "the relay's lease connection is terminated");
+    // One per batch in flight, the second idle or holding an empty lease's transaction.
+    assert!(
+        !terminated.is_empty() && terminated.iter().all(|&done| done),
+        "the relay's lease connections are terminated: {terminated:?}"
+    );
     let lost_at = Instant::now();
 
     // The keep-alive runs every second: the deliveries must not wait for the lease to run out.
@@ -674,14 +674,15 @@ impl Drop for RelayProcess {
     }
 }
 
-/// The backend of the lease connection in this database, if it is in a transaction.
-async fn lease_backend_in_transaction(pool: &PgPool) -> Option<i32> {
+/// The backends of the lease connections in this database that are in a transaction (one per
+/// batch in flight).
+async fn lease_backends_in_transaction(pool: &PgPool) -> Vec<i32> {
     sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
          AND application_name = $1 AND xact_start IS NOT NULL",
     )
     .bind(LEASE_CONNECTION)
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await
     .unwrap()
 }
@@ -725,14 +726,15 @@ async fn the_server_ends_the_transaction_of_a_relay_that_stopped_answering(pool:
     // Stopped mid-batch: its transaction open and holding rows. Between batches it holds
     // nothing, so then it goes on a moment and is stopped again.
     let mut tries = 0;
-    let (backend, held_at_stop) = loop {
+    let (backends, held_at_stop) = loop {
         relay.signal("-STOP");
         // Time for a statement under way when it stopped to finish, and its locks to show.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Some(backend) = lease_backend_in_transaction(&pool).await {
+        let backends = lease_backends_in_transaction(&pool).await;
+        if !backends.is_empty() {
             let held = locked(&pool, &ids).await;
             if !held.is_empty() {
-                break (backend, held);
+                break (backends, held);
             }
         }
         tries += 1;
@@ -743,13 +745,15 @@ async fn the_server_ends_the_transaction_of_a_relay_that_stopped_answering(pool:
     let stopped_at = Instant::now();
     assert!(recorded().await < STOP_EVENTS as i64, "stopped before the end of the drain");
 
-    // The server ends the transaction once it has waited a lease timeout for a statement.
+    // The server ends each transaction (one per batch in flight) once it has waited a lease
+    // timeout for a statement.
     let margin = Duration::from_secs(15);
     let ended = Duration::from_millis(STOP_LEASE_MS) + margin;
     while sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND xact_start IS NOT NULL)",
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+                        WHERE pid = ANY($1) AND xact_start IS NOT NULL)",
     )
-    .bind(backend)
+    .bind(&backends)
     .fetch_one(&pool)
     .await
     .unwrap()
