@@ -14,6 +14,9 @@
 //! - `acker.rs`: the outcome (`Ack`) is written with the row's current token from `held.rs`, in
 //!   a batch with one statement per kind (`store::publish`, `fail`, `release`, `snooze`), and
 //!   the row is settled (leaves `held.rs`); beside it, `renewals.rs` renews every held lease.
+//! - `held_transaction.rs`: the other lease mode, `LeaseMode::HeldTransaction`: each batch is
+//!   locked in a transaction of the relay's own (`store::hold`), delivered as above, and its
+//!   outcomes written in that transaction; no acknowledger, no renewals.
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
 //!   `metrics.rs` (counts), `context.rs` (what a handler sees).
