@@ -102,25 +102,8 @@ fn available_at(available: Available) -> (Option<DateTime<Utc>>, i64) {
     }
 }
 
-/// The common emit's statement: one unordered event, deliverable now, no idempotency key. It
-/// leaves `available_at` and `idempotency_key` to their defaults, so the producer binds and the
-/// server evaluates no more than a hand-written INSERT would.
-const INSERT_ONE_NOW: &str = "INSERT INTO outbox.events (event_id, aggregate_type, aggregate_id, \
-                                   event_type, event_version, payload, headers) \
-     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)";
-
 /// The first row of `rows` alone, unordered.
 pub(super) fn insert_one_query<'q>(shared: &InsertShared<'q>, rows: &'q NewEvents) -> Query<'q> {
-    if let (Available::Now, None) = (shared.available, shared.idempotency_key) {
-        return sqlx::query(INSERT_ONE_NOW)
-            .bind(rows.event_ids[0])
-            .bind(shared.aggregate_type)
-            .bind(&rows.aggregate_ids[0])
-            .bind(rows.event_types[0])
-            .bind(rows.versions[0])
-            .bind(&rows.payloads[0])
-            .bind(shared.headers);
-    }
     // Without a key there is nothing to conflict with: a plain insert, which spares the
     // speculative insertion ON CONFLICT costs.
     let sql = match shared.idempotency_key {

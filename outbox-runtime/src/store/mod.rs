@@ -128,8 +128,6 @@ mod tests {
             available: Available::Now,
             idempotency_key,
         };
-        let later =
-            InsertShared { available: Available::After(Duration::from_secs(1)), ..shared(None) };
         let statements = [
             ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
             ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
@@ -154,7 +152,6 @@ mod tests {
             ("renew", parameters(ack::renew_query(&ids, &tokens, Duration::from_secs(1)))),
             ("still leased", parameters(ack::still_leased_query(&ids, &tokens))),
             ("insert one", parameters(emit::insert_one_query(&shared(None), &rows))),
-            ("insert one later", parameters(emit::insert_one_query(&later, &rows))),
             ("insert one keyed", parameters(emit::insert_one_query(&shared(Some("k")), &rows))),
             ("insert many", parameters(emit::insert_many_query(&shared(None), &rows))),
             ("event for key", parameters(emit::event_for_key_query("order", "k"))),
