@@ -9,7 +9,7 @@
 //! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays). Ratios are computed within each run, then their
+//! insert_floor, wake_ups, after_drain, relays, latency_sql). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -292,15 +292,20 @@ async fn main() {
             s.add("steady p99.9 ms", percentile_ms(&latencies, 0.999));
         }
 
-        // 3b. latency under producers: one relay (each lease mode) against plain SQL polling.
+        // 3b. latency under producers: one relay (each lease mode) against plain SQL polling,
+        // every millisecond and every 10 ms.
         if args.runs("latency_sql") {
-            let db = Database::fresh(&args.url, "latency_polled").await;
-            let poll = Duration::from_millis(1);
-            let (rate, sql) = relay::polled(&db.pool, 8, secs * 2, 4, poll).await;
-            db.drop().await;
-            s.add("latency_sql sql events/s", rate);
-            s.add("latency_sql sql p50 ms", percentile_ms(&sql, 0.50));
-            s.add("latency_sql sql p99 ms", percentile_ms(&sql, 0.99));
+            let mut polled = Vec::new();
+            for poll_ms in [1, 10] {
+                let db = Database::fresh(&args.url, "latency_polled").await;
+                let poll = Duration::from_millis(poll_ms);
+                let (rate, sql) = relay::polled(&db.pool, 8, secs * 2, 4, poll).await;
+                db.drop().await;
+                s.add(format!("latency_sql sql{poll_ms} events/s"), rate);
+                s.add(format!("latency_sql sql{poll_ms} p50 ms"), percentile_ms(&sql, 0.50));
+                s.add(format!("latency_sql sql{poll_ms} p99 ms"), percentile_ms(&sql, 0.99));
+                polled.push((poll_ms, sql));
+            }
             let modes = [("written", LeaseMode::Written), ("held", LeaseMode::HeldTransaction)];
             for (name, lease_mode) in modes {
                 let db = Database::fresh(&args.url, "latency_relay").await;
@@ -311,7 +316,10 @@ async fn main() {
                 for (p, q) in [("p50", 0.50), ("p99", 0.99)] {
                     let ms = percentile_ms(&latencies, q);
                     s.add(format!("latency_sql {name} {p} ms"), ms);
-                    s.add(format!("latency_sql {name} {p} vs sql"), ms / percentile_ms(&sql, q));
+                    for (poll_ms, sql) in &polled {
+                        let ratio = ms / percentile_ms(sql, q);
+                        s.add(format!("latency_sql {name} {p} vs sql{poll_ms}"), ratio);
+                    }
                 }
             }
         }
@@ -735,6 +743,32 @@ fn print_table(s: &Samples, sizes: &Sizes, runs: usize) {
             target(
                 m("steady p50 ms") <= 4.0 && m("steady p99 ms") <= 10.0,
                 "p50 ≤ 4 ms, p99 ≤ 10 ms",
+            ),
+        ),
+        (
+            "latency: 8 producers (1 emit per tx) + 1 relay, written / held lease, vs 4 plain SQL \
+             workers polling every 1 / 10 ms"
+                .into(),
+            format!(
+                "p50 {:.2} / {:.2} ms vs {:.2} / {:.2} ms; p99 {:.2} / {:.2} ms vs {:.2} / {:.2} ms; \
+                 held vs sql1 p50 {:.2}x, p99 {:.2}x; vs sql10 p50 {:.2}x, p99 {:.2}x",
+                m("latency_sql written p50 ms"),
+                m("latency_sql held p50 ms"),
+                m("latency_sql sql1 p50 ms"),
+                m("latency_sql sql10 p50 ms"),
+                m("latency_sql written p99 ms"),
+                m("latency_sql held p99 ms"),
+                m("latency_sql sql1 p99 ms"),
+                m("latency_sql sql10 p99 ms"),
+                m("latency_sql held p50 vs sql1"),
+                m("latency_sql held p99 vs sql1"),
+                m("latency_sql held p50 vs sql10"),
+                m("latency_sql held p99 vs sql10"),
+            ),
+            target(
+                m("latency_sql written p50 vs sql1") <= 1.1
+                    && m("latency_sql written p99 vs sql1") <= 1.1,
+                "written ≤ 1.1x sql1, p50 and p99",
             ),
         ),
         (
