@@ -106,8 +106,9 @@ pub enum BuildError {
     /// A setting is out of range.
     #[error("invalid relay setting: {0}")]
     InvalidSetting(&'static str),
-    /// A handler writes in the acknowledgement's transaction ([`TransactionContext`](crate::TransactionContext)), which
-    /// [`LeaseMode::HeldTransaction`] cannot give it: the relay's own transaction holds the rows.
+    /// A handler writes in the acknowledgement's transaction
+    /// ([`TransactionContext`](crate::TransactionContext)), which [`LeaseMode::HeldTransaction`]
+    /// cannot give it: the relay's own transaction holds the rows.
     #[error(
         "the handler of `{handler}` writes in the acknowledgement's transaction \
          (`TransactionContext`), which a relay with `LeaseMode::HeldTransaction` cannot give it: \
@@ -425,8 +426,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     ///   It suits fast handlers and forwarding.
     /// - A relay that dies mid-batch leaves its rows as they were: no expired lease is counted,
     ///   so [`max_expired_leases`](Self::max_expired_leases) does not apply.
-    /// - Handlers that write in the acknowledgement's transaction ([`TransactionContext`](crate::TransactionContext)) are
-    ///   refused by `build` ([`BuildError::TransactionalHandler`]).
+    /// - Handlers that write in the acknowledgement's transaction
+    ///   ([`TransactionContext`](crate::TransactionContext)) are refused by `build`
+    ///   ([`BuildError::TransactionalHandler`]).
     ///
     /// The transaction is kept alive by a statement at least every second; the server ends it
     /// (`idle_in_transaction_session_timeout`, the lease timeout) if the relay stops answering.

@@ -130,7 +130,8 @@ pub(crate) async fn run<S: Clone + Send + Sync + 'static>(
                         batch_size.found(lease.asked, rows.len());
                         let cursor =
                             if lease.sink_down { &mut cursor_while_sink_down } else { &mut cursor };
-                        cursor.leased(lease.plan, lease.from_head, lease.asked, rows.iter().map(|(row, _)| row));
+                        let leased = rows.iter().map(|(row, _)| row);
+                        cursor.leased(lease.plan, lease.from_head, lease.asked, leased);
                         caught_up = rows.is_empty();
                         if let Some(tx) = tx {
                             let (started, half) = oneshot::channel();
