@@ -12,6 +12,10 @@
 //!   relay that took over an expired lease) is skipped this time and reported by
 //!   [`still_leased`], instead of stalling every other acknowledgement behind it. Relays never
 //!   wait on each other, so they cannot deadlock.
+//!
+//! The outcomes of a held transaction (`LeaseMode::HeldTransaction`, the `HELD_*` statements)
+//! need no fence and take no lock: the transaction holds the rows' locks already. Delivered
+//! rows are found by their address, failed and snoozed ones by primary key.
 
 use std::time::Duration;
 
