@@ -11,18 +11,17 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::{
-    Backoff, BoxError, BuildError, EventContext, LeaseMode, OutboxEvent, Reject, Relay,
-    RelayBuilder, Snooze, TransactionContext,
+    Backoff, BoxError, BuildError, EventContext, LeaseMode, Reject, Relay, RelayBuilder, Snooze,
+    TransactionContext,
 };
-use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use support::accounts::{posted, Log, Posted};
+use support::relay_process::{JobRun, RelayProcess};
 use support::*;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -629,49 +628,9 @@ async fn a_lost_connection_cancels_the_batch_and_its_rows_are_delivered_again(po
 // A relay that stops answering
 // ---------------------------------------------------------------------------------------------
 
-/// The event `relay-process` handles, declared the same there.
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "job", event_type = "job.run")]
-struct JobRun {
-    #[outbox(id)]
-    job: u64,
-    n: u64,
-}
-
 async fn records_job(ctx: EventContext<Calls>, _: JobRun) -> Result<(), HandlerError> {
     ctx.state().record(&ctx);
     Ok(())
-}
-
-/// A running `relay-process` (`tests/bin/relay_process.rs`), SIGKILLed when dropped, stopped or
-/// not, so a failing test leaves no relay behind.
-struct RelayProcess(Child);
-
-impl RelayProcess {
-    fn spawn(pool: &PgPool, settings: &[(&str, &str)]) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_relay-process"))
-            .arg(database_url(pool))
-            .envs(settings.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("relay-process starts");
-        RelayProcess(child)
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.0.id().to_string();
-        let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
-        assert!(sent.success(), "kill {signal} {pid}");
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The backends of the lease connections in this database that are in a transaction (one per

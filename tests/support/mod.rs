@@ -10,6 +10,7 @@ pub mod pgbouncer;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
+pub mod relay_process;
 
 use std::future::Future;
 use std::time::Duration;

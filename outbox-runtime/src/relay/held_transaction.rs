@@ -185,11 +185,9 @@ fn next<'r, S>(
         // then, and sleep only when nothing is in flight.
         return if in_flight > 0 { Next::Batches } else { Next::Idle };
     }
-    let sink_down = relay.forwarding.as_ref().filter(|f| !f.health.is_available());
-    match (sink_down, &relay.plan.while_sink_down) {
-        (None, _) => Next::Lease(&relay.plan.lease, false),
-        (Some(_), Some(handled_only)) => Next::Lease(handled_only, true),
-        (Some(forwarding), None) => Next::Sink(&forwarding.health),
+    match relay.lease_plan_now() {
+        Ok((plan, sink_down)) => Next::Lease(plan, sink_down),
+        Err(health) => Next::Sink(health),
     }
 }
 

@@ -290,6 +290,19 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     }
 }
 
+impl<S> Relay<S> {
+    /// The plan to lease with now, and whether it is the one for while the sink is down; or,
+    /// for a relay that only forwards while its sink is away, the sink's health to wait on.
+    fn lease_plan_now(&self) -> Result<(&LeasePlan, bool), &forward::SinkHealth> {
+        let sink_down = self.forwarding.as_ref().filter(|f| !f.health.is_available());
+        match (sink_down, &self.plan.while_sink_down) {
+            (None, _) => Ok((&self.plan.lease, false)),
+            (Some(_), Some(handled_only)) => Ok((handled_only, true)),
+            (Some(forwarding), None) => Err(&forwarding.health),
+        }
+    }
+}
+
 /// What `testing::drain` reads to tell when the relay has nothing left to deliver soon.
 #[cfg(feature = "testing")]
 impl<S> Relay<S> {

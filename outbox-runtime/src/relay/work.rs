@@ -212,11 +212,9 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         if self.held.counts().1 >= MAX_UNACKNOWLEDGED {
             return Next::Acknowledgements;
         }
-        let sink_down = relay.forwarding.as_ref().filter(|f| !f.health.is_available());
-        match (sink_down, &relay.plan.while_sink_down) {
-            (None, _) => Next::Lease(&relay.plan.lease, false),
-            (Some(_), Some(handled_only)) => Next::Lease(handled_only, true),
-            (Some(forwarding), None) => Next::Sink(&forwarding.health),
+        match relay.lease_plan_now() {
+            Ok((plan, sink_down)) => Next::Lease(plan, sink_down),
+            Err(health) => Next::Sink(health),
         }
     }
 
