@@ -5,7 +5,8 @@
 //! delivering twice or out of order; the row locks are the lease, so other relays skip a row
 //! for as long as its delivery runs; a lost connection cancels the batch's deliveries at once
 //! and its rows are delivered again; and the server ends the transaction of a relay that stopped
-//! answering (SIGSTOP), so another relay delivers its rows; a retry's delay and a snooze count
+//! answering (SIGSTOP), so another relay delivers its rows; rows another transaction locks are
+//! skipped, and delivered once the lock goes; a retry's delay and a snooze count
 //! from the outcome, not from the start of the batch's transaction.
 
 mod support;
@@ -622,6 +623,44 @@ async fn a_lost_connection_cancels_the_batch_and_its_rows_are_delivered_again(po
         assert_eq!(outcome(&pool, id).await, (true, false, 0, 0, false), "event {id}");
     }
     assert_eq!((counts.delivered, counts.failed), (HANGING as u64, 0), "{counts:?}");
+}
+
+/// Another transaction holds locks on pending rows (an operator's `FOR UPDATE`, a long update):
+/// a held relay skips them instead of waiting, delivers the others, and delivers them once the
+/// lock goes, each once; with both cores busy.
+#[sqlx::test(migrations = false)]
+async fn rows_another_transaction_locks_are_delivered_once_the_lock_goes(pool: PgPool) {
+    let _burner = CpuBurner::start(BURN_LIMIT);
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &(0..40).map(placed).collect::<Vec<_>>()).await;
+    let locked_by_other = &ids[..10];
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM outbox.events WHERE event_id = ANY ($1) FOR UPDATE")
+        .bind(locked_by_other)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+
+    let calls = Calls::default();
+    let relay =
+        Running::start(held(Relay::builder(pool.clone())).state(calls.clone()).handler(records));
+    eventually("the rows nobody else locks are delivered", || async {
+        count_published(&pool).await == 30
+    })
+    .await;
+    // Several leases later, the locked rows are still untouched.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in locked_by_other {
+        assert!(calls.of(*id).is_empty(), "event {id} delivered through another's lock");
+    }
+    other.rollback().await.unwrap();
+    eventually("every row is delivered", || async { count_published(&pool).await == 40 }).await;
+    let counts = relay.stop().await;
+
+    for id in &ids {
+        assert_eq!(calls.of(*id).len(), 1, "event {id}: delivered once");
+    }
+    assert_eq!((counts.delivered, counts.failed), (40, 0), "{counts:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
