@@ -300,10 +300,11 @@ impl<S: Clone + Send + Sync + 'static> Batch<S> {
             let half = deliveries.len().div_ceil(2);
             let mut started = 0;
             let mut tasks = JoinSet::new();
-            let mut keep_alive =
-                tokio::time::interval((config.lease_timeout / 3).min(MOST_BETWEEN_KEEP_ALIVES));
+            // Not `interval`, whose first tick, due at once, waits for the timer's next
+            // millisecond: the deliveries would start up to a millisecond late.
+            let every = (config.lease_timeout / 3).min(MOST_BETWEEN_KEEP_ALIVES);
+            let mut keep_alive = tokio::time::interval_at(Instant::now() + every, every);
             keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            keep_alive.tick().await;
             let mut stop_at = None;
             loop {
                 if started >= half || deliveries.is_empty() {
