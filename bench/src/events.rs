@@ -24,5 +24,10 @@ pub fn credited(i: usize) -> Credited {
 }
 
 pub fn posted(i: usize) -> Posted {
-    Posted { account: (i % 1_000) as u32, cents: i as i64 }
+    posted_to(1_000)(i)
+}
+
+/// Events posted round robin to `aggregates` aggregates.
+pub fn posted_to(aggregates: usize) -> impl Fn(usize) -> Posted {
+    move |i| Posted { account: (i % aggregates) as u32, cents: i as i64 }
 }
