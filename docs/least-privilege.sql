@@ -100,6 +100,9 @@ GRANT UPDATE (event_types, until) ON outbox.sleeping_relays TO outbox_relay;
 -- The relays of a database share one reading of the pending and dead counts for their gauges:
 -- whichever finds it stale counts and stores it (an upsert).
 GRANT SELECT, INSERT, UPDATE ON outbox.stats_reading TO outbox_relay;
+-- Each running relay keeps an entry with its heartbeat (an upsert), removes it when it stops, and
+-- removes those of relays silent for a day; `outbox status` lists them.
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.relays TO outbox_relay;
 -- At start the relay (and the CLI) compares the migrations applied with the ones it needs, to
 -- refuse an outdated schema with what to do instead of failing on every statement: it reads
 -- which versions succeeded, and nothing else of the history.

@@ -374,6 +374,9 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
         "UPDATE outbox.sleeping_relays SET until = now()",
         "SELECT relay_id FROM outbox.sleeping_relays",
         "SELECT setval('outbox.relays_asleep', 0)",
+        // So are the relays' heartbeats.
+        "SELECT relay_id FROM outbox.relays",
+        "DELETE FROM outbox.relays",
     ] {
         assert_denied(sql, execute(&app, sql).await);
     }
@@ -387,6 +390,7 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
     assert_op_denied("get dead", dead_letters::get(&app, id).await);
     assert_op_denied("requeue", dead_letters::requeue(&app, &all).await);
     assert_op_denied("discard", dead_letters::discard(&app, &all).await);
+    assert_op_denied("relays", outbox_runtime::relays::relays(&app).await);
 
     // What it can read: exactly the three columns emit needs.
     let (seen, aggregate_type, key): (Uuid, String, Option<String>) =
@@ -529,8 +533,15 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
     let reading =
         outbox_runtime::__private::test_hooks::shared_stats_by_type(&relay_pool, Duration::ZERO);
     assert_eq!(reading.await.unwrap(), Some(vec![]));
+    // Its heartbeat, and the list `outbox status` reads, under the relay role.
+    eventually("the relay's entry counts its deliveries", || async {
+        let entries = outbox_runtime::relays::relays(&relay_pool).await.unwrap();
+        entries.len() == 1 && entries[0].delivered == 4
+    })
+    .await;
     let counts = relay.stop().await;
     assert_eq!((counts.delivered, counts.failed, counts.dead), (4, 3, 1));
+    assert!(outbox_runtime::relays::relays(&relay_pool).await.unwrap().is_empty(), "withdrawn");
     let delivered = desk.delivered.lock().unwrap().clone();
     assert_eq!(delivered.len(), 4);
     for id in [ok, flaky, cancelled, doomed] {

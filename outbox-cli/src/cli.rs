@@ -38,15 +38,23 @@ pub enum Command {
     /// JSON: {"migrated": true}
     Migrate,
 
-    /// Pending and dead events, the relay's lag, and the same per event type and version
+    /// Pending and dead events, the relay's lag, the same per event type and version, and the
+    /// relays
     ///
     /// The lag is the age of the oldest pending event. Rows of a version newer than the
-    /// relays read wait under their own version.
+    /// relays read wait under their own version. Each running relay is listed from its
+    /// heartbeat (every 5 s): a relay silent for over 15 s died, hangs or cannot reach the
+    /// database; a relay that stopped gracefully is not listed.
     ///
     /// JSON: {"pending": int, "dead": int, "oldest_pending_age_secs": number|null,
     ///        "by_type": [{"aggregate_type": str, "event_type": str, "version": int,
     ///                     "pending": int, "dead": int,
-    ///                     "oldest_pending_age_secs": number|null}]}
+    ///                     "oldest_pending_age_secs": number|null}],
+    ///        "relays": [{"relay_id": str, "host": str, "pid": int, "version": str,
+    ///                    "lease_mode": str, "handles": [str], "forwards": [str]|null,
+    ///                    "started_at": str, "heartbeat_at": str,
+    ///                    "since_heartbeat_secs": number, "silent": bool, "held": int,
+    ///                    "delivered": int}]}
     #[command(verbatim_doc_comment)]
     Status,
 

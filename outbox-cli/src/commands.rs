@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
+use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
 
@@ -20,6 +21,8 @@ pub enum Report {
         stats: OutboxStats,
         /// Per `(aggregate_type, event_type)`.
         by_type: Vec<TypeStats>,
+        /// The relays' entries, silent ones included.
+        relays: Vec<RelayStatus>,
     },
     /// `dead list`.
     DeadList {
@@ -61,7 +64,8 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             // One reading: the totals and the table cannot disagree.
             let by_type = outbox_runtime::stats_by_type(pool).await?;
             let stats = OutboxStats::total(&by_type);
-            Ok(Report::Status { stats, by_type })
+            let relays = outbox_runtime::relays::relays(pool).await?;
+            Ok(Report::Status { stats, by_type, relays })
         }
         Command::Dead(DeadCommand::List(args)) => list(pool, args).await,
         Command::Dead(DeadCommand::Show { event_id }) => {

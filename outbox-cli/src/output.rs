@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox_runtime::dead_letters::DeadEvent;
+use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
 use serde_json::{json, Value};
 use sqlx::types::chrono::{DateTime, Utc};
@@ -17,11 +18,12 @@ const ERROR_WIDTH: usize = 60;
 pub fn json(report: &Report) -> Value {
     match report {
         Report::Migrated => json!({ "migrated": true }),
-        Report::Status { stats, by_type } => json!({
+        Report::Status { stats, by_type, relays } => json!({
             "pending": stats.pending,
             "dead": stats.dead,
             "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
             "by_type": by_type.iter().map(type_json).collect::<Vec<_>>(),
+            "relays": relays.iter().map(relay_json).collect::<Vec<_>>(),
         }),
         Report::DeadList { events, next_after } => json!({
             "events": events.iter().map(event_json).collect::<Vec<_>>(),
@@ -53,6 +55,24 @@ fn type_json(stats: &TypeStats) -> Value {
     })
 }
 
+fn relay_json(relay: &RelayStatus) -> Value {
+    json!({
+        "relay_id": relay.relay_id,
+        "host": relay.host,
+        "pid": relay.pid,
+        "version": relay.version,
+        "lease_mode": relay.lease_mode,
+        "handles": relay.handles,
+        "forwards": relay.forwards,
+        "started_at": rfc3339(&relay.started_at),
+        "heartbeat_at": rfc3339(&relay.heartbeat_at),
+        "since_heartbeat_secs": relay.since_heartbeat.as_secs_f64(),
+        "silent": relay.silent,
+        "held": relay.held,
+        "delivered": relay.delivered,
+    })
+}
+
 fn event_json(event: &DeadEvent) -> Value {
     json!({
         "event_id": event.event_id,
@@ -74,7 +94,7 @@ fn event_json(event: &DeadEvent) -> Value {
 pub fn human(report: &Report) -> String {
     match report {
         Report::Migrated => "the outbox schema is up to date\n".into(),
-        Report::Status { stats, by_type } => status(stats, by_type),
+        Report::Status { stats, by_type, relays } => status(stats, by_type, relays),
         Report::DeadList { events, next_after } => dead_list(events, *next_after),
         Report::DeadShow(event) => dead_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
@@ -94,11 +114,13 @@ pub fn human(report: &Report) -> String {
     }
 }
 
-fn status(stats: &OutboxStats, by_type: &[TypeStats]) -> String {
+fn status(stats: &OutboxStats, by_type: &[TypeStats], relays: &[RelayStatus]) -> String {
     let mut out = Table::new(&[], &[false, true]);
     out.row(["pending".into(), stats.pending.to_string()]);
     out.row(["dead".into(), stats.dead.to_string()]);
     out.row(["lag".into(), lag(stats.oldest_pending_age)]);
+    let silent = relays.iter().filter(|relay| relay.silent).count();
+    out.row(["relays".into(), format!("{} running, {silent} silent", relays.len() - silent)]);
     let mut text = out.render();
     if !by_type.is_empty() {
         let headers = ["AGGREGATE TYPE", "EVENT TYPE", "VERSION", "PENDING", "DEAD", "LAG"];
@@ -116,7 +138,40 @@ fn status(stats: &OutboxStats, by_type: &[TypeStats]) -> String {
         text.push('\n');
         text.push_str(&table.render());
     }
+    if !relays.is_empty() {
+        text.push('\n');
+        text.push_str(&relay_table(relays));
+    }
     text
+}
+
+fn relay_table(relays: &[RelayStatus]) -> String {
+    let headers =
+        ["RELAY", "HOST", "PID", "VERSION", "MODE", "HELD", "DELIVERED", "HEARTBEAT", "TYPES"];
+    let right = [false, false, true, false, false, true, true, false, false];
+    let mut table = Table::new(&headers, &right);
+    for relay in relays {
+        let heartbeat = duration(relay.since_heartbeat);
+        let mut types = relay.handles.join(",");
+        if let Some(forwards) = &relay.forwards {
+            if !types.is_empty() {
+                types.push(' ');
+            }
+            types.push_str(&format!("forwards {}", forwards.join(",")));
+        }
+        table.row([
+            relay.relay_id.to_string(),
+            relay.host.clone(),
+            relay.pid.to_string(),
+            relay.version.clone(),
+            relay.lease_mode.clone(),
+            relay.held.to_string(),
+            relay.delivered.to_string(),
+            if relay.silent { format!("SILENT {heartbeat}") } else { format!("{heartbeat} ago") },
+            types,
+        ]);
+    }
+    table.render()
 }
 
 fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {

@@ -197,8 +197,9 @@ async fn status_matches_the_database(pool: PgPool) {
     assert_eq!(field(&text, "pending"), "3");
     assert_eq!(field(&text, "dead"), "2");
     assert_eq!(field(&text, "lag"), "1h 30m");
+    assert_eq!(field(&text, "relays"), "0 running, 0 silent");
     let table: Vec<Vec<&str>> =
-        text.lines().skip(4).map(|line| line.split_whitespace().collect()).collect();
+        text.lines().skip(5).map(|line| line.split_whitespace().collect()).collect();
     assert_eq!(
         table[0],
         ["AGGREGATE", "TYPE", "EVENT", "TYPE", "VERSION", "PENDING", "DEAD", "LAG"]
@@ -207,7 +208,7 @@ async fn status_matches_the_database(pool: PgPool) {
     assert_eq!(table[2], ["payment", "payment.failed", "1", "0", "1", "-"]);
     assert_eq!(table[3][..5], ["user", "user.created", "2", "1", "0"]);
     // Columns line up: every row's second column starts where its header does.
-    let lines: Vec<&str> = text.lines().skip(4).collect();
+    let lines: Vec<&str> = text.lines().skip(5).collect();
     let column = lines[0].find("EVENT TYPE").unwrap();
     assert!(lines[1..].iter().all(|line| line[column - 2..column] == *"  "), "{text}");
 }
@@ -217,11 +218,89 @@ async fn status_of_an_empty_outbox(pool: PgPool) {
     migrated(&pool).await;
     assert_eq!(
         outbox(&pool, &["status", "--json"]).json(),
-        json!({ "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [] })
+        json!({
+            "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [], "relays": []
+        })
     );
     let text = outbox(&pool, &["status"]).ok().stdout;
-    assert_eq!(text.lines().count(), 3, "{text}");
+    assert_eq!(text.lines().count(), 4, "{text}");
     assert_eq!(field(&text, "lag"), "-");
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_lists_the_relays_and_which_went_silent(pool: PgPool) {
+    migrated(&pool).await;
+    // As two relays' heartbeats leave them: one beat 2 s ago, one 10 minutes ago.
+    sqlx::query(
+        "INSERT INTO outbox.relays (relay_id, host, pid, version, lease_mode, handles, \
+                                    forwards_to, started_at, heartbeat_at, held, delivered) \
+         VALUES ('00000000-0000-0000-0000-000000000001', 'web-1', 4242, '0.2.0', 'written', \
+                 '{order/order.placed,user/user.created}', NULL, now() - interval '1 hour', \
+                 now() - interval '2 seconds', 17, 90210), \
+                ('00000000-0000-0000-0000-000000000002', 'web-2', 7, '0.1.0', \
+                 'held_transaction', '{}', '{*}', now() - interval '2 hours', \
+                 now() - interval '10 minutes', 0, 5)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let report = outbox(&pool, &["status", "--json"]).json();
+    let relays = report["relays"].as_array().unwrap();
+    assert_eq!(relays.len(), 2, "{report}");
+    // The longest running first.
+    assert_eq!(relays[0]["host"], "web-2");
+    assert_eq!(relays[0]["silent"], true);
+    assert_eq!(relays[0]["forwards"], json!(["*"]));
+    assert_eq!(relays[1]["relay_id"], "00000000-0000-0000-0000-000000000001");
+    assert_eq!(relays[1]["pid"], 4242);
+    assert_eq!(relays[1]["silent"], false);
+    assert_eq!(relays[1]["handles"], json!(["order/order.placed", "user/user.created"]));
+    assert_eq!(relays[1]["forwards"], Value::Null);
+    assert_eq!(
+        (relays[1]["held"].as_u64(), relays[1]["delivered"].as_u64()),
+        (Some(17), Some(90210))
+    );
+    let since = relays[1]["since_heartbeat_secs"].as_f64().unwrap();
+    assert!((2.0..60.0).contains(&since), "{since}");
+
+    let text = outbox(&pool, &["status"]).ok().stdout;
+    assert_eq!(field(&text, "relays"), "1 running, 1 silent");
+    let table: Vec<Vec<&str>> =
+        text.lines().skip(5).map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!(
+        table[0],
+        ["RELAY", "HOST", "PID", "VERSION", "MODE", "HELD", "DELIVERED", "HEARTBEAT", "TYPES"]
+    );
+    assert_eq!(
+        table[1],
+        [
+            "00000000-0000-0000-0000-000000000002",
+            "web-2",
+            "7",
+            "0.1.0",
+            "held_transaction",
+            "0",
+            "5",
+            "SILENT",
+            "10m",
+            "forwards",
+            "*"
+        ]
+    );
+    assert_eq!(
+        table[2][..7],
+        [
+            "00000000-0000-0000-0000-000000000001",
+            "web-1",
+            "4242",
+            "0.2.0",
+            "written",
+            "17",
+            "90210"
+        ]
+    );
+    assert_eq!(table[2][8..], ["ago", "order/order.placed,user/user.created"]);
 }
 
 #[sqlx::test(migrations = false)]

@@ -112,6 +112,7 @@ mod json_schema;
 mod migrate;
 mod otel;
 mod relay;
+pub mod relays;
 mod retention;
 mod stats;
 mod store;

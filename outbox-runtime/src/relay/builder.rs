@@ -16,7 +16,9 @@ use crate::relay::config::{
 };
 use crate::relay::forwarding::Forwarding;
 use crate::relay::handler::{Handler, Route, Stateless};
+use crate::relay::held::HeldRows;
 use crate::relay::metrics::RelayMetrics;
+use crate::relay::registry::Registration;
 use crate::relay::{Plan, Relay, Routed, Routes};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
@@ -569,6 +571,23 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             wakes_for,
         };
         let metrics = RelayMetrics::new(forwarding.as_ref().map(|f| f.health.clone()));
+        let type_name =
+            |(aggregate_type, event_type): (&str, &str)| format!("{aggregate_type}/{event_type}");
+        let mut handles: Vec<String> = handled.keys().map(|&key| type_name(key)).collect();
+        handles.sort();
+        let registration = Registration {
+            lease_mode: match config.lease_mode {
+                LeaseMode::Written => "written",
+                LeaseMode::HeldTransaction => "held_transaction",
+            },
+            handles,
+            forwards: forwarded.map(|types| match types {
+                None => vec!["*".to_owned()],
+                Some(types) => {
+                    types.iter().map(|(a, e)| type_name((a.as_str(), e.as_str()))).collect()
+                }
+            }),
+        };
         Ok(Relay {
             pool: self.pool,
             state: self.state,
@@ -580,6 +599,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             config: Arc::new(config),
             plan,
             metrics,
+            registration,
+            held_rows: HeldRows::default(),
         })
     }
 }

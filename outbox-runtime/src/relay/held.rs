@@ -24,6 +24,17 @@ use uuid::Uuid;
 #[derive(Debug, Clone)]
 pub(crate) struct Held(Arc<Shared>);
 
+/// How many rows every [`Held`] of one relay holds together (the held-transaction mode has one
+/// per batch), for the relay's heartbeat; kept by the `Held`s, read here.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HeldRows(Arc<AtomicUsize>);
+
+impl HeldRows {
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(SeqCst)
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     leases: Mutex<HashMap<Uuid, Entry>>,
@@ -31,6 +42,16 @@ struct Shared {
     settled: Notify,
     /// Lease statements under way whose rows are not recorded yet (see [`Held::leasing`]).
     leasing: AtomicUsize,
+    /// Counts the entries of `leases`, with those of the relay's other `Held`s.
+    rows: HeldRows,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let left =
+            self.leases.get_mut().map_or_else(|poisoned| poisoned.into_inner().len(), |l| l.len());
+        self.rows.0.fetch_sub(left, SeqCst);
+    }
 }
 
 #[derive(Debug)]
@@ -61,11 +82,13 @@ impl Entry {
 }
 
 impl Held {
-    pub(crate) fn new() -> Self {
+    /// An empty `Held` whose rows count in `rows`.
+    pub(crate) fn new(rows: &HeldRows) -> Self {
         Held(Arc::new(Shared {
             leases: Mutex::default(),
             settled: Notify::new(),
             leasing: AtomicUsize::new(0),
+            rows: rows.clone(),
         }))
     }
 
@@ -101,6 +124,7 @@ impl Held {
         let (sender, receiver) = watch::channel(deadline);
         let entry = Entry { token, deadline: sender, committing: false, finished: false };
         leases.insert(event_id, entry);
+        self.0.rows.0.fetch_add(1, SeqCst);
         Some(HeldLease { held: self.clone(), event_id, deadline: receiver })
     }
 
@@ -124,7 +148,9 @@ impl Held {
     pub(crate) fn settle(&self, event_ids: impl IntoIterator<Item = Uuid>) {
         let mut leases = self.lock();
         for event_id in event_ids {
-            leases.remove(&event_id);
+            if leases.remove(&event_id).is_some() {
+                self.0.rows.0.fetch_sub(1, SeqCst);
+            }
         }
         drop(leases);
         self.0.settled.notify_waiters();

@@ -272,7 +272,7 @@ impl<S: Clone + Send + Sync + 'static> Batch<S> {
         sent_at: Instant,
         pace: &Pace,
     ) -> Self {
-        let held = Held::new();
+        let held = Held::new(&relay.held_rows);
         let deadline = sent_at + relay.config.lease_timeout;
         let (acks, outcomes) = mpsc::unbounded_channel();
         let mut addresses = HashMap::with_capacity(rows.len());

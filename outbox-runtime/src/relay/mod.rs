@@ -37,17 +37,18 @@ mod listener;
 mod metrics;
 mod outcome;
 mod pace;
+mod registry;
 mod renewals;
 mod transactional;
 mod work;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::decode::JsonUpcasters;
@@ -59,8 +60,9 @@ use config::{Policy, RelayConfig};
 use connections::Connections;
 use deliver::Delivery;
 use forwarding::Forwarding;
-use held::{Held, HeldLease};
+use held::{Held, HeldLease, HeldRows};
 use pace::Pace;
+use registry::Registration;
 use work::Work;
 
 pub use builder::{BuildError, RelayBuilder};
@@ -110,6 +112,10 @@ pub struct Relay<S = ()> {
     config: Arc<RelayConfig>,
     plan: Plan,
     metrics: RelayMetrics,
+    /// What its entry in `outbox.relays` says of it.
+    registration: Registration,
+    /// Rows it holds leases on, for that entry.
+    held_rows: HeldRows,
 }
 
 /// What a relay decided once, when it was built, from its handlers and settings.
@@ -152,6 +158,12 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         if let Some(forwarding) = &self.forwarding {
             forwarding.sink.check().await.map_err(Error::Sink)?;
         }
+        // When shutdown began: the relay's entry is withdrawn within the same bound as the rest.
+        let shutdown_at = OnceLock::new();
+        let shutdown = async {
+            shutdown.await;
+            let _ = shutdown_at.set(Instant::now());
+        };
         // Nothing runs on the relay's connections before they are known to keep their session.
         let mut shutdown = std::pin::pin!(shutdown);
         tokio::select! {
@@ -174,6 +186,14 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             config.poll_interval,
         ));
         let chores = self.chores(&connections.relay, &wake);
+        let (stop_heartbeat, heartbeat_stop) = oneshot::channel();
+        let mut registered = AbortOnDrop::spawn(registry::keep_registered(
+            connections.relay.clone(),
+            self.registration.clone(),
+            self.held_rows.clone(),
+            self.metrics.clone(),
+            heartbeat_stop,
+        ));
 
         self.metrics.set_running(true);
         let result = match config.lease_mode {
@@ -183,6 +203,12 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             }
         };
         drop((listener, chores));
+        // The relay's entry goes last, once it holds nothing; past the shutdown's bound it is
+        // left, and shows as silent.
+        drop(stop_heartbeat);
+        let began = shutdown_at.get().copied().unwrap_or_else(Instant::now);
+        let withdrawn_by = began + config.shutdown_timeout + LAST_ACKS_GRACE;
+        let _ = tokio::time::timeout_at(withdrawn_by, &mut registered.0).await;
         connections.close().await;
         self.metrics.set_running(false);
         result.map(|()| self.metrics.counts())
@@ -197,7 +223,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Error> {
         let config = &self.config;
-        let held = Held::new();
+        let held = Held::new(&self.held_rows);
         let (acks, acks_rx) = mpsc::unbounded_channel();
         let mut acker = AbortOnDrop::spawn(
             Acker {

@@ -15,6 +15,7 @@ mod ack;
 mod emit;
 mod lease;
 mod ops;
+mod relays;
 mod schema;
 mod sleepers;
 #[cfg(feature = "testing")]
@@ -34,6 +35,7 @@ pub(crate) use ops::{
     dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type, stats_by_type,
     DeadSelection, TypeCounts,
 };
+pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
     backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
@@ -128,6 +130,15 @@ mod tests {
             available: Available::Now,
             idempotency_key,
         };
+        let entry = relays::RelayEntry {
+            relay_id: Uuid::nil(),
+            host: "host".to_owned(),
+            pid: 1,
+            version: "0",
+            lease_mode: "written",
+            handles: vec!["order/order.placed".to_owned()],
+            forwards: None,
+        };
         let statements = [
             ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
             ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
@@ -168,6 +179,10 @@ mod tests {
             ("unregister", parameters(sleepers::unregister_query(Uuid::nil()))),
             ("inserting transactions", parameters(sleepers::inserting_transactions_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
+            ("heartbeat", parameters(relays::heartbeat_query(&entry, 1, 1))),
+            ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
+            ("withdraw", parameters(relays::withdraw_query(Uuid::nil()))),
+            ("relays", parameters(relays::relays_query())),
             ("migrate lock", parameters(schema::migrate_lock_query())),
             ("find schema", parameters(schema::find_schema_query())),
             ("applied outbox", parameters(schema::applied_query(History::Outbox))),
