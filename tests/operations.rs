@@ -42,6 +42,49 @@ async fn dead_letters_are_listed_filtered_and_paged(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn dead_letters_are_found_by_error_text_and_time_and_counted_before_acting(pool: PgPool) {
+    migrated(&pool).await;
+    let timeout = dead_row(&pool, "order", "order.placed", "Gateway Timeout (504)").await;
+    let refused = dead_row(&pool, "order", "order.placed", "refused: 100% sure").await;
+    let old = dead_row(&pool, "order", "order.placed", "timeout").await;
+    sqlx::query("UPDATE outbox.events SET dead_at = now() - interval '2 days' WHERE event_id = $1")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let ids = |events: Vec<dead_letters::DeadEvent>| -> Vec<Uuid> {
+        events.into_iter().map(|e| e.event_id).collect()
+    };
+    let day_ago = chrono::Utc::now() - chrono::Duration::days(1);
+
+    let timeouts = DeadFilter::all().error_contains("TIMEOUT");
+    assert_eq!(ids(dead_letters::list(&pool, &timeouts, None, 10).await.unwrap()), [timeout, old]);
+    // Matched as text, not as a LIKE pattern.
+    let percent = DeadFilter::all().error_contains("100%");
+    assert_eq!(ids(dead_letters::list(&pool, &percent, None, 10).await.unwrap()), [refused]);
+    assert_eq!(
+        dead_letters::count(&pool, &DeadFilter::all().error_contains("%")).await.unwrap(),
+        1
+    );
+    let recent = DeadFilter::all().dead_after(day_ago);
+    assert_eq!(
+        ids(dead_letters::list(&pool, &recent, None, 10).await.unwrap()),
+        [timeout, refused]
+    );
+    let older = DeadFilter::all().dead_before(day_ago);
+    assert_eq!(ids(dead_letters::list(&pool, &older, None, 10).await.unwrap()), [old]);
+
+    // The count is what the action then touches.
+    let recent_timeouts = timeouts.dead_after(day_ago);
+    assert_eq!(dead_letters::count(&pool, &recent_timeouts).await.unwrap(), 1);
+    assert_eq!(dead_letters::discard(&pool, &recent_timeouts).await.unwrap(), 1);
+    assert_eq!(dead_letters::count(&pool, &DeadFilter::all()).await.unwrap(), 2);
+    assert_eq!(dead_letters::requeue(&pool, &older).await.unwrap(), 1);
+    assert!(!row_state(&pool, old).await.dead);
+    assert!(row_state(&pool, refused).await.dead, "outside the filter");
+}
+
+#[sqlx::test(migrations = false)]
 async fn requeued_dead_letters_are_delivered_and_keep_their_last_error(pool: PgPool) {
     migrated(&pool).await;
     let id = emit_committed(&pool, &[placed(1)]).await[0];

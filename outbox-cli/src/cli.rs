@@ -282,17 +282,24 @@ pub enum DeadCommand {
 
     /// Make dead events pending again: attempts reset to 0, deliverable now, last error kept
     ///
-    /// Name one event, narrow by type, or pass --all explicitly.
+    /// Name one event, narrow by type, error text or age, or pass --all explicitly; `outbox
+    /// dead count` with the same arguments says how many first.
     ///
     /// JSON: {"requeued": int}
     Requeue(Selector),
 
     /// Delete dead events for good (list them first if you want a record)
     ///
-    /// Name one event, narrow by type, or pass --all explicitly.
+    /// Name one event, narrow by type, error text or age, or pass --all explicitly; `outbox
+    /// dead count` with the same arguments says how many first.
     ///
     /// JSON: {"discarded": int}
     Discard(Selector),
+
+    /// Count dead events: what `requeue` or `discard` with the same arguments would act on now
+    ///
+    /// JSON: {"dead": int}
+    Count(Selector),
 }
 
 /// Filters and paging of `outbox dead list`.
@@ -305,6 +312,18 @@ pub struct ListArgs {
     /// Only events of this event type
     #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
     pub event_type: Option<String>,
+
+    /// Only events whose last error contains this text, ignoring case
+    #[arg(long, value_name = "TEXT", value_parser = NonEmptyStringValueParser::new())]
+    pub error: Option<String>,
+
+    /// Only events that died less than this long ago, e.g. 2h
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub newer_than: Option<Duration>,
+
+    /// Only events that died more than this long ago, e.g. 7d
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
 
     /// At most this many events
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -320,11 +339,11 @@ pub struct ListArgs {
 #[group(id = "selector", required = true, multiple = true)]
 pub struct Selector {
     /// Only this dead event (fails if there is no dead event with this id)
-    #[arg(value_name = "EVENT_ID", conflicts_with_all = ["all", "aggregate_type", "event_type"])]
+    #[arg(value_name = "EVENT_ID", conflicts_with = "all", conflicts_with_all = NARROWING)]
     pub event_id: Option<Uuid>,
 
     /// Every dead event
-    #[arg(long, conflicts_with_all = ["aggregate_type", "event_type"])]
+    #[arg(long, conflicts_with_all = NARROWING)]
     pub all: bool,
 
     /// Every dead event of this aggregate type
@@ -334,7 +353,23 @@ pub struct Selector {
     /// Every dead event of this event type
     #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
     pub event_type: Option<String>,
+
+    /// Every dead event whose last error contains this text, ignoring case
+    #[arg(long, value_name = "TEXT", value_parser = NonEmptyStringValueParser::new())]
+    pub error: Option<String>,
+
+    /// Every dead event that died less than this long ago, e.g. 2h
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub newer_than: Option<Duration>,
+
+    /// Every dead event that died more than this long ago, e.g. 7d
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
 }
+
+/// The [`Selector`] arguments that narrow the dead events down, which an event id or `--all`
+/// cannot be combined with.
+const NARROWING: [&str; 5] = ["aggregate_type", "event_type", "error", "newer_than", "older_than"];
 
 /// Arguments of `outbox purge`.
 #[derive(Debug, Args)]

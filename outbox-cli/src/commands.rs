@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
@@ -37,6 +38,8 @@ pub enum Report {
     Requeued(u64),
     /// `dead discard`: how many.
     Discarded(u64),
+    /// `dead count`: how many.
+    DeadCount(u64),
     /// `forward`: what the forwarding relay did before it stopped.
     Forwarded(outbox_runtime::RelayCounts),
     /// `purge`: how many, and the age given.
@@ -82,6 +85,9 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let count = dead_letters::discard(pool, &filter(selector)).await?;
             found(selector, count).map(Report::Discarded)
         }
+        Command::Dead(DeadCommand::Count(selector)) => {
+            Ok(Report::DeadCount(dead_letters::count(pool, &filter(selector)).await?))
+        }
         Command::Forward(args) => Ok(Report::Forwarded(crate::forward::run(pool, args).await?)),
         Command::Purge(args) => {
             let count = outbox_runtime::purge_published(pool, args.older_than).await?;
@@ -91,13 +97,14 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
 }
 
 async fn list(pool: &PgPool, args: &ListArgs) -> Result<Report, Failure> {
-    let mut filter = DeadFilter::all();
-    if let Some(aggregate_type) = &args.aggregate_type {
-        filter = filter.aggregate_type(aggregate_type);
-    }
-    if let Some(event_type) = &args.event_type {
-        filter = filter.event_type(event_type);
-    }
+    let narrowing = Narrowing {
+        aggregate_type: &args.aggregate_type,
+        event_type: &args.event_type,
+        error: &args.error,
+        newer_than: args.newer_than,
+        older_than: args.older_than,
+    };
+    let filter = narrowing.filter();
     let events = dead_letters::list(pool, &filter, args.after, args.limit).await?;
     let full = events.len() >= args.limit as usize;
     let next_after = events.last().filter(|_| full).map(|event| event.event_id);
@@ -110,14 +117,52 @@ fn filter(selector: &Selector) -> DeadFilter {
     if let Some(event_id) = selector.event_id {
         return DeadFilter::event(event_id);
     }
-    let mut filter = DeadFilter::all();
-    if let Some(aggregate_type) = &selector.aggregate_type {
-        filter = filter.aggregate_type(aggregate_type);
+    let narrowing = Narrowing {
+        aggregate_type: &selector.aggregate_type,
+        event_type: &selector.event_type,
+        error: &selector.error,
+        newer_than: selector.newer_than,
+        older_than: selector.older_than,
+    };
+    narrowing.filter()
+}
+
+/// The arguments that narrow dead events down, shared by `list` and the selector.
+struct Narrowing<'a> {
+    aggregate_type: &'a Option<String>,
+    event_type: &'a Option<String>,
+    error: &'a Option<String>,
+    newer_than: Option<Duration>,
+    older_than: Option<Duration>,
+}
+
+impl Narrowing<'_> {
+    fn filter(&self) -> DeadFilter {
+        let mut filter = DeadFilter::all();
+        if let Some(aggregate_type) = self.aggregate_type {
+            filter = filter.aggregate_type(aggregate_type);
+        }
+        if let Some(event_type) = self.event_type {
+            filter = filter.event_type(event_type);
+        }
+        if let Some(error) = self.error {
+            filter = filter.error_contains(error);
+        }
+        // An age past chrono's range reaches back to its earliest instant.
+        let ago = |age: Duration| {
+            TimeDelta::from_std(age)
+                .ok()
+                .and_then(|age| Utc::now().checked_sub_signed(age))
+                .unwrap_or(DateTime::<Utc>::MIN_UTC)
+        };
+        if let Some(age) = self.newer_than {
+            filter = filter.dead_after(ago(age));
+        }
+        if let Some(age) = self.older_than {
+            filter = filter.dead_before(ago(age));
+        }
+        filter
     }
-    if let Some(event_type) = &selector.event_type {
-        filter = filter.event_type(event_type);
-    }
-    filter
 }
 
 /// A named event that matched nothing is an error (a typo, or it is not dead); a filter that

@@ -32,6 +32,7 @@ pub fn json(report: &Report) -> Value {
         Report::DeadShow(event) => event_json(event),
         Report::Requeued(count) => json!({ "requeued": count }),
         Report::Discarded(count) => json!({ "discarded": count }),
+        Report::DeadCount(count) => json!({ "dead": count }),
         Report::Purged { count, older_than } => {
             json!({ "purged": count, "older_than_secs": older_than.as_secs_f64() })
         }
@@ -99,6 +100,7 @@ pub fn human(report: &Report) -> String {
         Report::DeadShow(event) => dead_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
         Report::Discarded(count) => format!("discarded {}\n", plural(*count, "dead event")),
+        Report::DeadCount(count) => format!("{}\n", plural(*count, "dead event")),
         Report::Purged { count, older_than } => format!(
             "purged {} published more than {} ago\n",
             plural(*count, "event"),

@@ -473,12 +473,58 @@ async fn discard_one_a_filter_or_all(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn dead_events_are_counted_listed_and_acted_on_by_error_text_and_age(pool: PgPool) {
+    migrated(&pool).await;
+    let old_timeout = dead_row(&pool, "order", "order.placed", "upstream TIMEOUT after 30s").await;
+    let new_timeout = dead_row(&pool, "order", "order.placed", "read timeout").await;
+    let refused = dead_row(&pool, "order", "order.placed", "403 refused").await;
+    sqlx::query("UPDATE outbox.events SET dead_at = now() - interval '3 days' WHERE event_id = $1")
+        .bind(old_timeout)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let counted = |args: &[&str]| {
+        let report = outbox(&pool, &[&["dead", "count", "--json"], args].concat()).json();
+        report["dead"].as_u64().unwrap()
+    };
+    assert_eq!(counted(&["--all"]), 3);
+    assert_eq!(counted(&["--error", "timeout"]), 2, "ignoring case");
+    assert_eq!(counted(&["--error", "timeout", "--newer-than", "1d"]), 1);
+    assert_eq!(counted(&["--older-than", "2d"]), 1);
+    assert_eq!(counted(&["--event-type", "order.placed", "--error", "refused"]), 1);
+    let text = outbox(&pool, &["dead", "count", "--error", "timeout"]).ok().stdout;
+    assert_eq!(text, "2 dead events\n");
+
+    let listed = outbox(&pool, &["dead", "list", "--error", "TIMEOUT", "--json"]).json();
+    let listed: Vec<&str> = listed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [old_timeout.to_string(), new_timeout.to_string()]);
+    let recent = outbox(&pool, &["dead", "list", "--newer-than", "1h", "--json"]).json();
+    assert_eq!(recent["events"].as_array().unwrap().len(), 2);
+
+    // What count said is what requeue does.
+    let requeued =
+        outbox(&pool, &["dead", "requeue", "--error", "timeout", "--older-than", "1d", "--json"])
+            .json();
+    assert_eq!(requeued["requeued"], 1);
+    assert_eq!(count(&pool, "dead_at IS NULL").await, 1);
+    let discarded = outbox(&pool, &["dead", "discard", "--error", "timeout", "--json"]).json();
+    assert_eq!(discarded["discarded"], 1);
+    assert_eq!(ids(&pool).await, [old_timeout, refused]);
+}
+
+#[sqlx::test(migrations = false)]
 async fn requeue_and_discard_need_an_explicit_selector(pool: PgPool) {
     migrated(&pool).await;
     let a = dead_row(&pool, "order", "order.placed", "boom").await;
     let b = dead_row(&pool, "user", "user.created", "boom").await;
     let id = a.to_string();
-    for action in ["requeue", "discard"] {
+    for action in ["requeue", "discard", "count"] {
         for args in [
             vec![],
             vec!["--json"],
@@ -486,6 +532,10 @@ async fn requeue_and_discard_need_an_explicit_selector(pool: PgPool) {
             vec![id.as_str(), "--all"],
             vec![id.as_str(), "--aggregate-type", "order"],
             vec!["--event-type", ""],
+            vec!["--all", "--error", "boom"],
+            vec![id.as_str(), "--newer-than", "1h"],
+            vec!["--error", ""],
+            vec!["--older-than", "soon"],
         ] {
             let stderr = outbox(&pool, &[&["dead", action], &args[..]].concat()).fails(2);
             assert!(stderr.starts_with("error: "), "{action} {args:?}: {stderr}");

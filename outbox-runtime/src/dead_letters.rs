@@ -11,6 +11,12 @@
 //! }
 //! // The downstream bug is fixed: try them again.
 //! dead_letters::requeue(&pool, &DeadFilter::all().event_type("order.placed")).await?;
+//! // Those that timed out in the last hour, counted first.
+//! let timed_out = DeadFilter::all()
+//!     .error_contains("timeout")
+//!     .dead_after(chrono::Utc::now() - chrono::Duration::hours(1));
+//! println!("discarding {}", dead_letters::count(&pool, &timed_out).await?);
+//! dead_letters::discard(&pool, &timed_out).await?;
 //! # Ok(()) }
 //! ```
 
@@ -78,12 +84,22 @@ pub struct DeadFilter {
     aggregate_type: Option<String>,
     event_type: Option<String>,
     event_id: Option<Uuid>,
+    error_contains: Option<String>,
+    dead_after: Option<DateTime<Utc>>,
+    dead_before: Option<DateTime<Utc>>,
 }
 
 impl DeadFilter {
     /// Every dead event.
     pub fn all() -> Self {
-        Self { aggregate_type: None, event_type: None, event_id: None }
+        Self {
+            aggregate_type: None,
+            event_type: None,
+            event_id: None,
+            error_contains: None,
+            dead_after: None,
+            dead_before: None,
+        }
     }
 
     /// Only the dead event with this id.
@@ -103,11 +119,32 @@ impl DeadFilter {
         self
     }
 
+    /// Only events whose last error contains this text, ignoring case.
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only events that died at or after this instant.
+    pub fn dead_after(mut self, at: DateTime<Utc>) -> Self {
+        self.dead_after = Some(at);
+        self
+    }
+
+    /// Only events that died before this instant.
+    pub fn dead_before(mut self, at: DateTime<Utc>) -> Self {
+        self.dead_before = Some(at);
+        self
+    }
+
     fn selection(&self) -> DeadSelection<'_> {
         DeadSelection {
             aggregate_type: self.aggregate_type.as_deref(),
             event_type: self.event_type.as_deref(),
             event_id: self.event_id,
+            error_contains: self.error_contains.as_deref(),
+            dead_after: self.dead_after,
+            dead_before: self.dead_before,
         }
     }
 }
@@ -122,6 +159,13 @@ pub async fn list(
 ) -> Result<Vec<DeadEvent>, Error> {
     let rows = store::dead(pool, &filter.selection(), after, i64::from(limit)).await?;
     Ok(rows.into_iter().map(DeadEvent::from).collect())
+}
+
+/// How many dead events match `filter`: what [`requeue`] or [`discard`] would act on now, for
+/// a confirmation that says so before it runs.
+pub async fn count(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
+    let count = store::count_dead(pool, &filter.selection()).await?;
+    Ok(u64::try_from(count).unwrap_or_default())
 }
 
 /// The dead event with this id, if there is one.

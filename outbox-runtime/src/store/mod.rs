@@ -32,8 +32,8 @@ pub(crate) use lease::{
 };
 pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
-    dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type, stats_by_type,
-    DeadSelection, TypeCounts,
+    count_dead, dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type,
+    stats_by_type, DeadSelection, TypeCounts,
 };
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
@@ -120,7 +120,14 @@ mod tests {
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1), 3);
         let mut snoozes = Snoozes::default();
         snoozes.push(Uuid::nil(), Uuid::nil(), Duration::from_secs(1));
-        let selection = DeadSelection { aggregate_type: None, event_type: None, event_id: None };
+        let selection = DeadSelection {
+            aggregate_type: None,
+            event_type: None,
+            event_id: None,
+            error_contains: None,
+            dead_after: None,
+            dead_before: None,
+        };
         let mut rows = NewEvents::default();
         const PLACED: EventType = EventType::new("order.placed", 1, 1, false);
         rows.push(Uuid::nil(), &PLACED, "1".to_owned(), "{}".to_owned());
@@ -172,6 +179,7 @@ mod tests {
             ("take reading", parameters(ops::take_reading_query())),
             ("dead", parameters(ops::dead_query(&selection, None, 10))),
             ("requeue", parameters(ops::requeue_query(&selection))),
+            ("count dead", parameters(ops::count_dead_query(&selection))),
             ("notify", parameters(ops::notify_query())),
             ("discard", parameters(ops::discard_query(&selection))),
             ("purge", parameters(ops::purge_query(Duration::from_secs(1), 10))),

@@ -148,15 +148,37 @@ pub(crate) struct DeadSelection<'a> {
     pub(crate) aggregate_type: Option<&'a str>,
     pub(crate) event_type: Option<&'a str>,
     pub(crate) event_id: Option<Uuid>,
+    /// Text `last_error` contains, ignoring case.
+    pub(crate) error_contains: Option<&'a str>,
+    /// Dead at or after this instant.
+    pub(crate) dead_after: Option<DateTime<Utc>>,
+    /// Dead before this instant.
+    pub(crate) dead_before: Option<DateTime<Utc>>,
 }
 
-/// The dead rows matching `$1..$3` (see [`DeadSelection`]).
+/// The dead rows matching `$1..$6` (see [`DeadSelection`]), on the `events_dead` index.
 macro_rules! dead_rows {
     () => {
         "dead_at IS NOT NULL \
          AND ($1::text IS NULL OR aggregate_type = $1) \
          AND ($2::text IS NULL OR event_type = $2) \
-         AND ($3::uuid IS NULL OR event_id = $3)"
+         AND ($3::uuid IS NULL OR event_id = $3) \
+         AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
+         AND ($5::timestamptz IS NULL OR dead_at >= $5) \
+         AND ($6::timestamptz IS NULL OR dead_at < $6)"
+    };
+}
+
+/// Binds a [`DeadSelection`] as `$1..$6`, for [`dead_rows!`].
+macro_rules! bind_selection {
+    ($query:expr, $selection:expr) => {
+        $query
+            .bind($selection.aggregate_type)
+            .bind($selection.event_type)
+            .bind($selection.event_id)
+            .bind($selection.error_contains)
+            .bind($selection.dead_after)
+            .bind($selection.dead_before)
     };
 }
 
@@ -175,18 +197,28 @@ pub(super) fn dead_query<'q>(
     after: Option<Uuid>,
     limit: i64,
 ) -> Rows<'q, DeadRow> {
-    sqlx::query_as(concat!(
+    let query = sqlx::query_as(concat!(
         "SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
                 headers, created_at, dead_at, attempts, expired_leases, last_error \
          FROM outbox.events WHERE ",
         dead_rows!(),
-        " AND ($4::uuid IS NULL OR event_id > $4) ORDER BY event_id LIMIT $5"
-    ))
-    .bind(selection.aggregate_type)
-    .bind(selection.event_type)
-    .bind(selection.event_id)
-    .bind(after)
-    .bind(limit)
+        " AND ($7::uuid IS NULL OR event_id > $7) ORDER BY event_id LIMIT $8"
+    ));
+    bind_selection!(query, selection).bind(after).bind(limit)
+}
+
+/// How many dead rows match.
+pub(crate) async fn count_dead(
+    pool: &PgPool,
+    selection: &DeadSelection<'_>,
+) -> Result<i64, sqlx::Error> {
+    count_dead_query(selection).fetch_one(pool).await
+}
+
+pub(super) fn count_dead_query<'q>(selection: &DeadSelection<'q>) -> Scalar<'q, i64> {
+    let query =
+        sqlx::query_scalar(concat!("SELECT count(*) FROM outbox.events WHERE ", dead_rows!()));
+    bind_selection!(query, selection)
 }
 
 /// Makes dead rows pending again: attempts reset, available now, `last_error` kept. Wakes the
@@ -205,16 +237,14 @@ pub(crate) async fn requeue_dead(
 }
 
 pub(super) fn requeue_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
-    sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "UPDATE outbox.events \
          SET dead_at = NULL, attempts = 0, expired_leases = 0, lease_token = NULL, \
              available_at = now() \
          WHERE ",
         dead_rows!()
-    ))
-    .bind(selection.aggregate_type)
-    .bind(selection.event_type)
-    .bind(selection.event_id)
+    ));
+    bind_selection!(query, selection)
 }
 
 /// Wakes the relays asleep on LISTEN.
@@ -231,10 +261,8 @@ pub(crate) async fn discard_dead(
 }
 
 pub(super) fn discard_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
-    sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()))
-        .bind(selection.aggregate_type)
-        .bind(selection.event_type)
-        .bind(selection.event_id)
+    let query = sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()));
+    bind_selection!(query, selection)
 }
 
 /// Deletes up to `$2` rows published more than `$1` microseconds ago.
