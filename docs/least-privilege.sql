@@ -103,6 +103,9 @@ GRANT SELECT, INSERT, UPDATE ON outbox.stats_reading TO outbox_relay;
 -- Each running relay keeps an entry with its heartbeat (an upsert), removes it when it stops, and
 -- removes those of relays silent for a day; `outbox status` lists them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.relays TO outbox_relay;
+-- Pausing and resuming an event type (`outbox pause`, `pauses::{pause, resume}`); every lease
+-- reads the paused types, which the migration lets every role read.
+GRANT INSERT, DELETE ON outbox.paused_types TO outbox_relay;
 -- At start the relay (and the CLI) compares the migrations applied with the ones it needs, to
 -- refuse an outdated schema with what to do instead of failing on every statement: it reads
 -- which versions succeeded, and nothing else of the history.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_runtime::dead_letters::{self, DeadFilter};
+use outbox_runtime::pauses;
 use outbox_runtime::{
     emit, emit_all, emit_idempotent, emit_with, EmitOptions, Emitted, Error, EventContext, Relay,
     TransactionContext,
@@ -391,6 +392,8 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
     assert_op_denied("requeue", dead_letters::requeue(&app, &all).await);
     assert_op_denied("discard", dead_letters::discard(&app, &all).await);
     assert_op_denied("relays", outbox_runtime::relays::relays(&app).await);
+    assert_op_denied("pause", pauses::pause(&app, "order", "order.placed", None).await);
+    assert_op_denied("resume", pauses::resume(&app, "order", "order.placed").await);
 
     // What it can read: exactly the three columns emit needs.
     let (seen, aggregate_type, key): (Uuid, String, Option<String>) =
@@ -539,6 +542,10 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
         entries.len() == 1 && entries[0].delivered == 4
     })
     .await;
+    // Pausing and resuming a type, under the relay role.
+    assert!(pauses::pause(&relay_pool, "order", "order.placed", Some("r")).await.unwrap());
+    assert_eq!(pauses::paused(&relay_pool).await.unwrap().len(), 1);
+    assert!(pauses::resume(&relay_pool, "order", "order.placed").await.unwrap());
     let counts = relay.stop().await;
     assert_eq!((counts.delivered, counts.failed, counts.dead), (4, 3, 1));
     assert!(outbox_runtime::relays::relays(&relay_pool).await.unwrap().is_empty(), "withdrawn");

@@ -38,8 +38,8 @@ pub enum Command {
     /// JSON: {"migrated": true}
     Migrate,
 
-    /// Pending and dead events, the relay's lag, the same per event type and version, and the
-    /// relays
+    /// Pending and dead events, the relay's lag, the same per event type and version, the
+    /// relays, and the paused types
     ///
     /// The lag is the age of the oldest pending event. Rows of a version newer than the
     /// relays read wait under their own version. Each running relay is listed from its
@@ -54,13 +54,32 @@ pub enum Command {
     ///                    "lease_mode": str, "handles": [str], "forwards": [str]|null,
     ///                    "started_at": str, "heartbeat_at": str,
     ///                    "since_heartbeat_secs": number, "silent": bool, "held": int,
-    ///                    "delivered": int}]}
+    ///                    "delivered": int}],
+    ///        "paused": [{"aggregate_type": str, "event_type": str, "paused_at": str,
+    ///                    "reason": str|null}]}
     #[command(verbatim_doc_comment)]
     Status,
 
     /// Dead letters: events that exhausted their attempts
     #[command(subcommand)]
     Dead(DeadCommand),
+
+    /// Stop every relay from leasing an event type's rows until it is resumed
+    ///
+    /// Relays stop with their next lease (within a second); rows they leased before are
+    /// delivered. The type's events wait pending; `outbox status` lists the pause.
+    ///
+    /// JSON: {"paused": bool} (false: it was paused already, and keeps its time and reason)
+    Pause(PauseArgs),
+
+    /// Let relays lease an event type's rows again, and wake them
+    ///
+    /// JSON: {"resumed": bool} (false: it was not paused)
+    Resume {
+        /// The type, as AGGREGATE_TYPE:EVENT_TYPE
+        #[arg(value_name = "AGGREGATE:EVENT", value_parser = parse_event_type)]
+        event_type: (String, String),
+    },
 
     /// Delete published events older than a given age (pending and dead events are kept)
     ///
@@ -370,6 +389,18 @@ pub struct Selector {
 /// The [`Selector`] arguments that narrow the dead events down, which an event id or `--all`
 /// cannot be combined with.
 const NARROWING: [&str; 5] = ["aggregate_type", "event_type", "error", "newer_than", "older_than"];
+
+/// Arguments of `outbox pause`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// The type, as AGGREGATE_TYPE:EVENT_TYPE
+    #[arg(value_name = "AGGREGATE:EVENT", value_parser = parse_event_type)]
+    pub event_type: (String, String),
+
+    /// Why, for whoever looks next (shown by `outbox status`)
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+}
 
 /// Arguments of `outbox purge`.
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
+use outbox_runtime::pauses::{self, PausedType};
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
@@ -24,7 +25,13 @@ pub enum Report {
         by_type: Vec<TypeStats>,
         /// The relays' entries, silent ones included.
         relays: Vec<RelayStatus>,
+        /// The paused types.
+        paused: Vec<PausedType>,
     },
+    /// `pause`: whether the type was running.
+    Paused(bool),
+    /// `resume`: whether the type was paused.
+    Resumed(bool),
     /// `dead list`.
     DeadList {
         /// The page.
@@ -68,7 +75,16 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let by_type = outbox_runtime::stats_by_type(pool).await?;
             let stats = OutboxStats::total(&by_type);
             let relays = outbox_runtime::relays::relays(pool).await?;
-            Ok(Report::Status { stats, by_type, relays })
+            let paused = pauses::paused(pool).await?;
+            Ok(Report::Status { stats, by_type, relays, paused })
+        }
+        Command::Pause(args) => {
+            let (aggregate_type, event_type) = &args.event_type;
+            let reason = args.reason.as_deref();
+            Ok(Report::Paused(pauses::pause(pool, aggregate_type, event_type, reason).await?))
+        }
+        Command::Resume { event_type: (aggregate_type, event_type) } => {
+            Ok(Report::Resumed(pauses::resume(pool, aggregate_type, event_type).await?))
         }
         Command::Dead(DeadCommand::List(args)) => list(pool, args).await,
         Command::Dead(DeadCommand::Show { event_id }) => {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox_runtime::dead_letters::DeadEvent;
+use outbox_runtime::pauses::PausedType;
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
 use serde_json::{json, Value};
@@ -18,13 +19,21 @@ const ERROR_WIDTH: usize = 60;
 pub fn json(report: &Report) -> Value {
     match report {
         Report::Migrated => json!({ "migrated": true }),
-        Report::Status { stats, by_type, relays } => json!({
+        Report::Status { stats, by_type, relays, paused } => json!({
             "pending": stats.pending,
             "dead": stats.dead,
             "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
             "by_type": by_type.iter().map(type_json).collect::<Vec<_>>(),
             "relays": relays.iter().map(relay_json).collect::<Vec<_>>(),
+            "paused": paused.iter().map(|p| json!({
+                "aggregate_type": p.aggregate_type,
+                "event_type": p.event_type,
+                "paused_at": rfc3339(&p.paused_at),
+                "reason": p.reason,
+            })).collect::<Vec<_>>(),
         }),
+        Report::Paused(newly) => json!({ "paused": newly }),
+        Report::Resumed(was_paused) => json!({ "resumed": was_paused }),
         Report::DeadList { events, next_after } => json!({
             "events": events.iter().map(event_json).collect::<Vec<_>>(),
             "next_after": next_after,
@@ -95,7 +104,13 @@ fn event_json(event: &DeadEvent) -> Value {
 pub fn human(report: &Report) -> String {
     match report {
         Report::Migrated => "the outbox schema is up to date\n".into(),
-        Report::Status { stats, by_type, relays } => status(stats, by_type, relays),
+        Report::Status { stats, by_type, relays, paused } => status(stats, by_type, relays, paused),
+        Report::Paused(true) => {
+            "paused: relays lease none of its events until it is resumed\n".into()
+        }
+        Report::Paused(false) => "already paused\n".into(),
+        Report::Resumed(true) => "resumed: relays lease its events again\n".into(),
+        Report::Resumed(false) => "not paused\n".into(),
         Report::DeadList { events, next_after } => dead_list(events, *next_after),
         Report::DeadShow(event) => dead_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
@@ -116,7 +131,12 @@ pub fn human(report: &Report) -> String {
     }
 }
 
-fn status(stats: &OutboxStats, by_type: &[TypeStats], relays: &[RelayStatus]) -> String {
+fn status(
+    stats: &OutboxStats,
+    by_type: &[TypeStats],
+    relays: &[RelayStatus],
+    paused: &[PausedType],
+) -> String {
     let mut out = Table::new(&[], &[false, true]);
     out.row(["pending".into(), stats.pending.to_string()]);
     out.row(["dead".into(), stats.dead.to_string()]);
@@ -143,6 +163,20 @@ fn status(stats: &OutboxStats, by_type: &[TypeStats], relays: &[RelayStatus]) ->
     if !relays.is_empty() {
         text.push('\n');
         text.push_str(&relay_table(relays));
+    }
+    if !paused.is_empty() {
+        let mut table =
+            Table::new(&["PAUSED AGGREGATE TYPE", "EVENT TYPE", "SINCE", "REASON"], &[]);
+        for pause in paused {
+            table.row([
+                pause.aggregate_type.clone(),
+                pause.event_type.clone(),
+                rfc3339(&pause.paused_at),
+                pause.reason.clone().unwrap_or_default(),
+            ]);
+        }
+        text.push('\n');
+        text.push_str(&table.render());
     }
     text
 }

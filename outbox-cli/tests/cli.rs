@@ -219,12 +219,48 @@ async fn status_of_an_empty_outbox(pool: PgPool) {
     assert_eq!(
         outbox(&pool, &["status", "--json"]).json(),
         json!({
-            "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [], "relays": []
+            "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [], "relays": [],
+            "paused": []
         })
     );
     let text = outbox(&pool, &["status"]).ok().stdout;
     assert_eq!(text.lines().count(), 4, "{text}");
     assert_eq!(field(&text, "lag"), "-");
+}
+
+#[sqlx::test(migrations = false)]
+async fn pause_and_resume_a_type_shown_by_status(pool: PgPool) {
+    migrated(&pool).await;
+    let run = outbox(&pool, &["pause", "order:order.placed", "--reason", "mailer down"]).ok();
+    assert!(run.stdout.starts_with("paused"), "{}", run.stdout);
+    assert_eq!(
+        outbox(&pool, &["pause", "order:order.placed", "--json"]).json(),
+        json!({ "paused": false })
+    );
+
+    let status = outbox(&pool, &["status", "--json"]).json();
+    let paused = status["paused"].as_array().unwrap();
+    assert_eq!(paused.len(), 1, "{status}");
+    assert_eq!(
+        (paused[0]["aggregate_type"].as_str(), paused[0]["event_type"].as_str()),
+        (Some("order"), Some("order.placed"))
+    );
+    assert_eq!(paused[0]["reason"], "mailer down");
+    let text = outbox(&pool, &["status"]).ok().stdout;
+    let row =
+        text.lines().find(|line| line.starts_with("order ")).unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((cells[0], cells[1]), ("order", "order.placed"));
+    assert!(row.ends_with("mailer down"), "{row}");
+
+    assert_eq!(
+        outbox(&pool, &["resume", "order:order.placed", "--json"]).json(),
+        json!({ "resumed": true })
+    );
+    assert_eq!(outbox(&pool, &["resume", "order:order.placed"]).ok().stdout, "not paused\n");
+    assert_eq!(outbox(&pool, &["status", "--json"]).json()["paused"], json!([]));
+    let stderr = outbox(&pool, &["pause", "order.placed"]).fails(2);
+    assert!(stderr.contains("AGGREGATE_TYPE:EVENT_TYPE"), "{stderr}");
 }
 
 #[sqlx::test(migrations = false)]

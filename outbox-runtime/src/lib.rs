@@ -111,6 +111,7 @@ mod json;
 mod json_schema;
 mod migrate;
 mod otel;
+pub mod pauses;
 mod relay;
 pub mod relays;
 mod retention;

@@ -8,8 +8,9 @@
 //! `outbox_handler_duration_seconds` and `outbox_delivery_latency_seconds` (from `created_at`
 //! to the acknowledgement); gauges, unlabelled, `outbox_pending`, `outbox_dead`,
 //! `outbox_oldest_pending_age_seconds` and `outbox_pending_newer_version` (rows of a handled
-//! type written at a newer version than the relay reads), refreshed every 15 s by a running
-//! relay; and `outbox_sink_available` (1 or 0) on a forwarding relay.
+//! type written at a newer version than the relay reads) and `outbox_paused_types` (event types
+//! [paused](crate::pauses)), refreshed every 15 s by a running relay; and
+//! `outbox_sink_available` (1 or 0) on a forwarding relay.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -260,6 +261,15 @@ pub(crate) async fn refresh_gauges(
                      docs/least-privilege.sql)"
                 )
             }
+        }
+        match crate::pauses::paused(&pool).await {
+            Ok(paused) => metrics::gauge!("outbox_paused_types").set(paused.len() as f64),
+            Err(error) => tracing::warn!(
+                error = %ErrorChain(&error),
+                "cannot count the paused event types for the gauge outbox_paused_types; it keeps \
+                 its last value (the relay's role reads outbox.paused_types: see \
+                 docs/least-privilege.sql)"
+            ),
         }
     }
 }

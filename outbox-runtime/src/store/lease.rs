@@ -354,18 +354,41 @@ macro_rules! one_type {
     };
 }
 
-/// The types a lease of the handled types reads: `$6` to `$8`, each past `$9`, `$10`.
-macro_rules! handled_types {
-    () => {
-        "UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], $10::int8[])"
+/// Whether the type of `t` (a relation with `aggregate_type` and `event_type`) is not paused: a
+/// primary-key probe of `outbox.paused_types` per type, not per row.
+macro_rules! not_paused {
+    ($t:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM outbox.paused_types p WHERE p.aggregate_type = ",
+            $t,
+            ".aggregate_type AND p.event_type = ",
+            $t,
+            ".event_type)"
+        )
     };
 }
 
-/// Every type with pending rows, those in `$6` to `$8` up to their versions, from the head: a
-/// skip scan of the per-type index (one probe per type), not an index of their own.
+/// The types a lease of the handled types reads: `$6` to `$8`, each past `$9`, `$10`; those not
+/// paused.
+macro_rules! handled_types {
+    () => {
+        concat!(
+            "(SELECT * FROM UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], \
+                                   $10::int8[]) \
+                 AS t(aggregate_type, event_type, newest_version, from_at, from_seq) \
+             WHERE ",
+            not_paused!("t"),
+            ")"
+        )
+    };
+}
+
+/// Every type with pending rows and not paused, those in `$6` to `$8` up to their versions,
+/// from the head: a skip scan of the per-type index (one probe per type), not an index of their
+/// own.
 macro_rules! pending_types {
     () => {
-        "(WITH RECURSIVE pending_types AS ( \
+        concat!("(WITH RECURSIVE pending_types AS ( \
          (SELECT r.aggregate_type, r.event_type FROM outbox.events r \
           WHERE r.published_at IS NULL AND r.dead_at IS NULL \
           ORDER BY r.aggregate_type, r.event_type LIMIT 1) \
@@ -381,7 +404,8 @@ macro_rules! pending_types {
             NULL::timestamptz, NULL::int8 \
      FROM pending_types t \
      LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
-     ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type)"
+     ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type \
+     WHERE ", not_paused!("t"), ")")
     };
 }
 

@@ -15,6 +15,7 @@ mod ack;
 mod emit;
 mod lease;
 mod ops;
+mod pauses;
 mod relays;
 mod schema;
 mod sleepers;
@@ -35,6 +36,7 @@ pub(crate) use ops::{
     count_dead, dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type,
     stats_by_type, DeadSelection, TypeCounts,
 };
+pub(crate) use pauses::{pause, paused, resume};
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
@@ -188,6 +190,9 @@ mod tests {
             ("inserting transactions", parameters(sleepers::inserting_transactions_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
             ("heartbeat", parameters(relays::heartbeat_query(&entry, 1, 1))),
+            ("pause", parameters(pauses::pause_query("order", "order.placed", None))),
+            ("resume", parameters(pauses::resume_query("order", "order.placed"))),
+            ("paused", parameters(pauses::paused_query())),
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
             ("withdraw", parameters(relays::withdraw_query(Uuid::nil()))),
             ("relays", parameters(relays::relays_query())),

@@ -140,9 +140,9 @@ pub(crate) async fn drain_reading(
 /// in microseconds, `$7` the drain's start.
 ///
 /// A pending row is due when it is leased (being delivered, or its relay died and the lease
-/// will expire), or when the relay could lease it within the horizon: available by then, and
-/// not held back behind an earlier ordered event of its aggregate that will not be published
-/// by then. That is one that is dead (unless the relay skips dead ones), or pending and either
+/// will expire), or when the relay could lease it within the horizon: available by then, of a
+/// type not paused, and not held back behind an earlier ordered event of its aggregate that will
+/// not be published by then. That is one that is dead (unless the relay skips dead ones), or pending and either
 /// of a type the relay does not lease or neither leased nor available within the horizon. An
 /// earlier event held back itself is held back by one further up, which holds this one back
 /// too: so no recursion is needed.
@@ -155,7 +155,10 @@ pub(super) fn drain_query(
         "WITH relayed AS ( \
              SELECT e.*, e.published_at IS NULL AND e.dead_at IS NULL AS pending, \
                     (e.lease_token IS NOT NULL \
-                     OR e.available_at <= now() + $6::bigint * interval '1 microsecond') AS soon \
+                     OR e.available_at <= now() + $6::bigint * interval '1 microsecond' \
+                        AND NOT EXISTS (SELECT 1 FROM outbox.paused_types p \
+                                        WHERE p.aggregate_type = e.aggregate_type \
+                                          AND p.event_type = e.event_type)) AS soon \
              FROM outbox.events e \
              LEFT JOIN UNNEST($1::text[], $2::text[], $3::int4[]) AS t(aggregate_type, event_type, newest) \
                  ON t.aggregate_type = e.aggregate_type AND t.event_type = e.event_type \

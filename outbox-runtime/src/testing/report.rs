@@ -21,8 +21,8 @@ pub enum Outcome {
     /// Exhausted its attempts (or its expired leases): a dead letter, never delivered again.
     Dead,
     /// Never delivered nor failed, and not due within the horizon: delayed or
-    /// [snoozed](crate::Snooze) past it, or held back behind an earlier ordered event of its
-    /// aggregate that is.
+    /// [snoozed](crate::Snooze) past it, of a [paused](crate::pauses) type, or held back behind
+    /// an earlier ordered event of its aggregate that is.
     Pending,
     /// Being delivered, or deliverable within the horizon. Only in the report of a drain that
     /// timed out: these are what it was waiting for.
