@@ -10,8 +10,10 @@
 --                 transactions, and `outbox.emit(...)` from SQL (triggers, other languages).
 --                 It keeps whatever it already has on its own tables.
 --   outbox_relay  runs `Relay` (deliver, retry, dead letters, `RelayBuilder::retention`) and the
---                 operations: `dead_letters::{list, get, requeue, discard}`, `purge_published`,
---                 `stats`, `stats_by_type`, and the `outbox` CLI's commands other than `migrate`.
+--                 operations: `dead_letters::{list, get, count, requeue, discard}`,
+--                 `purge_published`, `stats`, `stats_by_type`, `relays::relays`,
+--                 `pauses::{pause, resume, paused}`, `replay::{count, replay}`, and the `outbox`
+--                 CLI's commands other than `migrate`.
 --
 -- No role needs SUPERUSER, CREATEROLE, CREATEDB, BYPASSRLS or REPLICATION at run time.
 -- The library builds no SQL from input: every value is bound, and the schema and table names

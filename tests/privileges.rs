@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_runtime::dead_letters::{self, DeadFilter};
-use outbox_runtime::pauses;
 use outbox_runtime::{
     emit, emit_all, emit_idempotent, emit_with, EmitOptions, Emitted, Error, EventContext, Relay,
     TransactionContext,
 };
+use outbox_runtime::{pauses, replay};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 use support::accounts::Posted;
@@ -394,6 +394,8 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
     assert_op_denied("relays", outbox_runtime::relays::relays(&app).await);
     assert_op_denied("pause", pauses::pause(&app, "order", "order.placed", None).await);
     assert_op_denied("resume", pauses::resume(&app, "order", "order.placed").await);
+    let (from, until) = (chrono::Utc::now() - chrono::Duration::hours(1), chrono::Utc::now());
+    assert_op_denied("replay", replay::replay(&app, "order", "order.placed", from, until).await);
 
     // What it can read: exactly the three columns emit needs.
     let (seen, aggregate_type, key): (Uuid, String, Option<String>) =
@@ -554,6 +556,15 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
     for id in [ok, flaky, cancelled, doomed] {
         assert!(delivered.contains(&id), "{id} was handled");
     }
+
+    // Replay, under the relay role: the three placed events, pending again, then published.
+    let (from, until) = (chrono::Utc::now() - chrono::Duration::hours(1), chrono::Utc::now());
+    assert_eq!(replay::count(&relay_pool, "order", "order.placed", from, until).await.unwrap(), 3);
+    assert_eq!(replay::replay(&relay_pool, "order", "order.placed", from, until).await.unwrap(), 3);
+    sqlx::query("UPDATE outbox.events SET published_at = now() WHERE published_at IS NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
 
     // Retention as a library call, under the relay role: the four delivered events.
     assert_eq!(outbox_runtime::purge_published(&relay_pool, Duration::ZERO).await.unwrap(), 4);

@@ -81,6 +81,17 @@ pub enum Command {
         event_type: (String, String),
     },
 
+    /// Deliver a type's events published in a time range again: their rows become pending
+    ///
+    /// Same event ids (consumers that deduplicate by id skip them), idempotency keys, payloads
+    /// and headers; attempts start from zero. An aggregate's replayed ordered events go out in
+    /// their order, before its later events still pending. Only rows still kept can be replayed
+    /// (not those purged or deleted on publish).
+    ///
+    /// JSON: {"replayed": int}, or with --dry-run {"would_replay": int}
+    #[command(verbatim_doc_comment)]
+    Replay(ReplayArgs),
+
     /// Delete published events older than a given age (pending and dead events are kept)
     ///
     /// JSON: {"purged": int, "older_than_secs": number}
@@ -400,6 +411,26 @@ pub struct PauseArgs {
     /// Why, for whoever looks next (shown by `outbox status`)
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+}
+
+/// Arguments of `outbox replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The type, as AGGREGATE_TYPE:EVENT_TYPE
+    #[arg(value_name = "AGGREGATE:EVENT", value_parser = parse_event_type)]
+    pub event_type: (String, String),
+
+    /// Events published less than this long ago, e.g. 2h
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub newer_than: Duration,
+
+    /// And more than this long ago (default: up to now)
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
+
+    /// Count them, replay nothing
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Arguments of `outbox purge`.

@@ -6,6 +6,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
 use outbox_runtime::pauses::{self, PausedType};
 use outbox_runtime::relays::RelayStatus;
+use outbox_runtime::replay;
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
 
@@ -32,6 +33,13 @@ pub enum Report {
     Paused(bool),
     /// `resume`: whether the type was paused.
     Resumed(bool),
+    /// `replay`: how many, and whether only counted (`--dry-run`).
+    Replayed {
+        /// Events made pending, or that would be.
+        count: u64,
+        /// `--dry-run`.
+        dry_run: bool,
+    },
     /// `dead list`.
     DeadList {
         /// The page.
@@ -82,6 +90,16 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let (aggregate_type, event_type) = &args.event_type;
             let reason = args.reason.as_deref();
             Ok(Report::Paused(pauses::pause(pool, aggregate_type, event_type, reason).await?))
+        }
+        Command::Replay(args) => {
+            let (aggregate_type, event_type) = &args.event_type;
+            let (from, until) = (ago(args.newer_than), args.older_than.map_or_else(Utc::now, ago));
+            let count = if args.dry_run {
+                replay::count(pool, aggregate_type, event_type, from, until).await?
+            } else {
+                replay::replay(pool, aggregate_type, event_type, from, until).await?
+            };
+            Ok(Report::Replayed { count, dry_run: args.dry_run })
         }
         Command::Resume { event_type: (aggregate_type, event_type) } => {
             Ok(Report::Resumed(pauses::resume(pool, aggregate_type, event_type).await?))
@@ -164,13 +182,6 @@ impl Narrowing<'_> {
         if let Some(error) = self.error {
             filter = filter.error_contains(error);
         }
-        // An age past chrono's range reaches back to its earliest instant.
-        let ago = |age: Duration| {
-            TimeDelta::from_std(age)
-                .ok()
-                .and_then(|age| Utc::now().checked_sub_signed(age))
-                .unwrap_or(DateTime::<Utc>::MIN_UTC)
-        };
         if let Some(age) = self.newer_than {
             filter = filter.dead_after(ago(age));
         }
@@ -188,4 +199,12 @@ fn found(selector: &Selector, count: u64) -> Result<u64, Failure> {
         Some(event_id) if count == 0 => Err(Failure::NoSuchDeadEvent(event_id)),
         _ => Ok(count),
     }
+}
+
+/// The instant `age` ago; an age past chrono's range reaches back to its earliest instant.
+fn ago(age: Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(age)
+        .ok()
+        .and_then(|age| Utc::now().checked_sub_signed(age))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }

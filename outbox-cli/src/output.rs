@@ -34,6 +34,8 @@ pub fn json(report: &Report) -> Value {
         }),
         Report::Paused(newly) => json!({ "paused": newly }),
         Report::Resumed(was_paused) => json!({ "resumed": was_paused }),
+        Report::Replayed { count, dry_run: false } => json!({ "replayed": count }),
+        Report::Replayed { count, dry_run: true } => json!({ "would_replay": count }),
         Report::DeadList { events, next_after } => json!({
             "events": events.iter().map(event_json).collect::<Vec<_>>(),
             "next_after": next_after,
@@ -111,6 +113,12 @@ pub fn human(report: &Report) -> String {
         Report::Paused(false) => "already paused\n".into(),
         Report::Resumed(true) => "resumed: relays lease its events again\n".into(),
         Report::Resumed(false) => "not paused\n".into(),
+        Report::Replayed { count, dry_run: false } => {
+            format!("replayed {}: pending again\n", plural(*count, "event"))
+        }
+        Report::Replayed { count, dry_run: true } => {
+            format!("would replay {} (dry run)\n", plural(*count, "event"))
+        }
         Report::DeadList { events, next_after } => dead_list(events, *next_after),
         Report::DeadShow(event) => dead_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),

@@ -264,6 +264,41 @@ async fn pause_and_resume_a_type_shown_by_status(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn replay_counts_then_makes_published_events_pending(pool: PgPool) {
+    migrated(&pool).await;
+    let ids =
+        emit_committed(&pool, &[OrderPlaced { order_id: 1 }, OrderPlaced { order_id: 2 }]).await;
+    sqlx::query("UPDATE outbox.events SET published_at = now() - interval '30 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE outbox.events SET published_at = now() - interval '3 hours' WHERE event_id = $1",
+    )
+    .bind(ids[1])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let args = ["replay", "order:order.placed", "--newer-than", "1h"];
+    let dry = outbox(&pool, &[&args[..], &["--dry-run", "--json"]].concat()).json();
+    assert_eq!(dry, json!({ "would_replay": 1 }));
+    assert_eq!(count(&pool, "published_at IS NULL").await, 0, "a dry run changes nothing");
+    assert_eq!(outbox(&pool, &args).ok().stdout, "replayed 1 event: pending again\n");
+    assert_eq!(dead_ids(&pool).await, Vec::<Uuid>::new());
+    let pending: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox.events WHERE published_at IS NULL")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(pending, [ids[0]]);
+    let older =
+        ["replay", "order:order.placed", "--newer-than", "4h", "--older-than", "2h", "--json"];
+    assert_eq!(outbox(&pool, &older).json(), json!({ "replayed": 1 }));
+    let stderr = outbox(&pool, &["replay", "order:order.placed"]).fails(2);
+    assert!(stderr.contains("--newer-than"), "a range is required: {stderr}");
+}
+
+#[sqlx::test(migrations = false)]
 async fn status_lists_the_relays_and_which_went_silent(pool: PgPool) {
     migrated(&pool).await;
     // As two relays' heartbeats leave them: one beat 2 s ago, one 10 minutes ago.

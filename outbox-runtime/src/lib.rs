@@ -114,6 +114,7 @@ mod otel;
 pub mod pauses;
 mod relay;
 pub mod relays;
+pub mod replay;
 mod retention;
 mod stats;
 mod store;

@@ -17,6 +17,7 @@ mod lease;
 mod ops;
 mod pauses;
 mod relays;
+mod replay;
 mod schema;
 mod sleepers;
 #[cfg(feature = "testing")]
@@ -38,6 +39,7 @@ pub(crate) use ops::{
 };
 pub(crate) use pauses::{pause, paused, resume};
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
+pub(crate) use replay::{count_published, replay};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
     backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
@@ -139,6 +141,7 @@ mod tests {
             available: Available::Now,
             idempotency_key,
         };
+        let at = chrono::Utc::now();
         let entry = relays::RelayEntry {
             relay_id: Uuid::nil(),
             host: "host".to_owned(),
@@ -193,6 +196,8 @@ mod tests {
             ("pause", parameters(pauses::pause_query("order", "order.placed", None))),
             ("resume", parameters(pauses::resume_query("order", "order.placed"))),
             ("paused", parameters(pauses::paused_query())),
+            ("count published", parameters(replay::count_query("o", "o.p", at, at))),
+            ("replay", parameters(replay::replay_query("o", "o.p", at, at))),
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
             ("withdraw", parameters(relays::withdraw_query(Uuid::nil()))),
             ("relays", parameters(relays::relays_query())),
