@@ -12,8 +12,8 @@
 --   outbox_relay  runs `Relay` (deliver, retry, dead letters, `RelayBuilder::retention`) and the
 --                 operations: `dead_letters::{list, get, count, requeue, discard}`,
 --                 `purge_published`, `stats`, `stats_by_type`, `relays::relays`,
---                 `pauses::{pause, resume, paused}`, `replay::{count, replay}`, and the `outbox`
---                 CLI's commands other than `migrate`.
+--                 `pauses::{pause, resume, paused}`, `replay::{count, replay}`, `events::get`,
+--                 and the `outbox` CLI's commands other than `migrate`.
 --
 -- No role needs SUPERUSER, CREATEROLE, CREATEDB, BYPASSRLS or REPLICATION at run time.
 -- The library builds no SQL from input: every value is bound, and the schema and table names

@@ -315,3 +315,50 @@ async fn relays_finding_no_reading_at_once_count_once(pool: PgPool) {
         sqlx::query_as("SELECT n FROM readings_taken").fetch_one(&pool).await.unwrap();
     assert_eq!(taken, 1, "eight relays, one count");
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_event_is_found_by_id_in_every_state(pool: PgPool) {
+    use outbox_runtime::events::{self, EventState};
+    use outbox_runtime::EmitOptions;
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    migrated(&pool).await;
+    let state = |id| {
+        let pool = pool.clone();
+        async move { events::get(&pool, id).await.unwrap().expect("found").state }
+    };
+    let options = EmitOptions::new().header("request_id", "req-9");
+    let now = commit_with(&pool, &placed(7), options).await;
+    let later =
+        commit_with(&pool, &placed(8), EmitOptions::new().delay(Duration::from_secs(600))).await;
+    let dead = dead_row(&pool, "order", "order.placed", "boom").await;
+    assert_eq!(state(now).await, EventState::Pending);
+    assert_eq!(state(later).await, EventState::Waiting);
+    assert_eq!(state(dead).await, EventState::Dead);
+    assert_eq!(events::get(&pool, Uuid::now_v7()).await.unwrap(), None);
+
+    let found = events::get(&pool, now).await.unwrap().unwrap();
+    assert_eq!(
+        (found.aggregate_type.as_str(), found.event_type.as_str()),
+        ("order", "order.placed")
+    );
+    assert_eq!(found.payload["total_cents"], 7);
+    assert_eq!(found.headers["request_id"], "req-9");
+    assert_eq!((found.version, found.ordered, found.attempts), (1, false, 0));
+    assert_eq!((found.published_at, found.dead_at), (None, None));
+
+    // Leased while its handler runs, then published.
+    async fn gated(ctx: EventContext<Arc<Semaphore>>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().acquire().await.unwrap().forget();
+        Ok(())
+    }
+    let gate = Arc::new(Semaphore::new(0));
+    let relay =
+        Running::start(fast(Relay::builder(pool.clone())).state(gate.clone()).handler(gated));
+    eventually("the event is leased", || async { state(now).await == EventState::Leased }).await;
+    gate.add_permits(1);
+    eventually("then published", || async { state(now).await == EventState::Published }).await;
+    relay.stop().await;
+    assert!(events::get(&pool, now).await.unwrap().unwrap().published_at.is_some());
+}

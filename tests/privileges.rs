@@ -392,6 +392,7 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
     assert_op_denied("requeue", dead_letters::requeue(&app, &all).await);
     assert_op_denied("discard", dead_letters::discard(&app, &all).await);
     assert_op_denied("relays", outbox_runtime::relays::relays(&app).await);
+    assert_op_denied("event", outbox_runtime::events::get(&app, id).await);
     assert_op_denied("pause", pauses::pause(&app, "order", "order.placed", None).await);
     assert_op_denied("resume", pauses::resume(&app, "order", "order.placed").await);
     let (from, until) = (chrono::Utc::now() - chrono::Duration::hours(1), chrono::Utc::now());

@@ -60,6 +60,10 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Status,
 
+    /// Any event by its id, whatever its state
+    #[command(subcommand)]
+    Event(EventCommand),
+
     /// Dead letters: events that exhausted their attempts
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -284,6 +288,27 @@ fn parse_property(value: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
         _ => Err(format!("expected KEY=VALUE, got `{value}`")),
     }
+}
+
+/// `outbox event ...`.
+#[derive(Debug, Subcommand)]
+pub enum EventCommand {
+    /// Everything about one event: its state, attempts, last error, payload and headers
+    ///
+    /// state: pending (deliverable now), leased (being delivered), waiting (delayed, backing
+    /// off or snoozed until available_at), published, or dead.
+    ///
+    /// JSON: {"event_id": uuid, "aggregate_type": str, "aggregate_id": str, "event_type": str,
+    ///        "event_version": int, "ordered": bool, "idempotency_key": str|null,
+    ///        "state": str, "attempts": int, "expired_leases": int, "created_at": time,
+    ///        "available_at": time, "published_at": time|null, "dead_at": time|null,
+    ///        "last_error": str|null, "headers": object, "payload": any}
+    #[command(verbatim_doc_comment)]
+    Show {
+        /// The event's id
+        #[arg(value_name = "EVENT_ID")]
+        event_id: Uuid,
+    },
 }
 
 /// `outbox dead ...`.

@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
+use outbox_runtime::events::EventRecord;
 use outbox_runtime::pauses::{self, PausedType};
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::replay;
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
 
-use crate::cli::{Command, DeadCommand, ListArgs, Selector};
+use crate::cli::{Command, DeadCommand, EventCommand, ListArgs, Selector};
 use crate::error::Failure;
 
 /// What a command found or did, for `output` to render.
@@ -49,6 +50,8 @@ pub enum Report {
     },
     /// `dead show`.
     DeadShow(Box<DeadEvent>),
+    /// `event show`.
+    EventShow(Box<EventRecord>),
     /// `dead requeue`: how many.
     Requeued(u64),
     /// `dead discard`: how many.
@@ -103,6 +106,12 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
         }
         Command::Resume { event_type: (aggregate_type, event_type) } => {
             Ok(Report::Resumed(pauses::resume(pool, aggregate_type, event_type).await?))
+        }
+        Command::Event(EventCommand::Show { event_id }) => {
+            match outbox_runtime::events::get(pool, *event_id).await? {
+                Some(event) => Ok(Report::EventShow(Box::new(event))),
+                None => Err(Failure::NoSuchEvent(*event_id)),
+            }
         }
         Command::Dead(DeadCommand::List(args)) => list(pool, args).await,
         Command::Dead(DeadCommand::Show { event_id }) => {

@@ -45,6 +45,8 @@ pub enum Failure {
     },
     /// No dead event has this id.
     NoSuchDeadEvent(Uuid),
+    /// No event has this id.
+    NoSuchEvent(Uuid),
     /// `outbox forward` cannot reach or use its broker as configured.
     Forward(String),
     /// Anything else the runtime reported.
@@ -89,6 +91,11 @@ impl fmt::Display for Failure {
                  `outbox migrate` (as the role that owns the schema), then this command again"
             ),
             Failure::NoSuchDeadEvent(id) => write!(f, "no dead event with id {id}"),
+            Failure::NoSuchEvent(id) => write!(
+                f,
+                "no event with id {id}: never emitted, rolled back, or removed (by retention, \
+                 delete_on_publish, or a discarded dead letter)"
+            ),
             Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {
                 // The outbox's errors keep their cause as `source`: print the whole chain.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox_runtime::dead_letters::DeadEvent;
+use outbox_runtime::events::{EventRecord, EventState};
 use outbox_runtime::pauses::PausedType;
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
@@ -41,6 +42,7 @@ pub fn json(report: &Report) -> Value {
             "next_after": next_after,
         }),
         Report::DeadShow(event) => event_json(event),
+        Report::EventShow(event) => record_json(event),
         Report::Requeued(count) => json!({ "requeued": count }),
         Report::Discarded(count) => json!({ "discarded": count }),
         Report::DeadCount(count) => json!({ "dead": count }),
@@ -85,6 +87,39 @@ fn relay_json(relay: &RelayStatus) -> Value {
     })
 }
 
+fn state(state: EventState) -> &'static str {
+    match state {
+        EventState::Pending => "pending",
+        EventState::Leased => "leased",
+        EventState::Waiting => "waiting",
+        EventState::Published => "published",
+        EventState::Dead => "dead",
+        _ => "unknown",
+    }
+}
+
+fn record_json(event: &EventRecord) -> Value {
+    json!({
+        "event_id": event.event_id,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": event.aggregate_id,
+        "event_type": event.event_type,
+        "event_version": event.version,
+        "ordered": event.ordered,
+        "idempotency_key": event.idempotency_key,
+        "state": state(event.state),
+        "attempts": event.attempts,
+        "expired_leases": event.expired_leases,
+        "created_at": rfc3339(&event.created_at),
+        "available_at": rfc3339(&event.available_at),
+        "published_at": event.published_at.as_ref().map(rfc3339),
+        "dead_at": event.dead_at.as_ref().map(rfc3339),
+        "last_error": event.last_error,
+        "headers": event.headers,
+        "payload": event.payload,
+    })
+}
+
 fn event_json(event: &DeadEvent) -> Value {
     json!({
         "event_id": event.event_id,
@@ -121,6 +156,7 @@ pub fn human(report: &Report) -> String {
         }
         Report::DeadList { events, next_after } => dead_list(events, *next_after),
         Report::DeadShow(event) => dead_show(event),
+        Report::EventShow(event) => event_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
         Report::Discarded(count) => format!("discarded {}\n", plural(*count, "dead event")),
         Report::DeadCount(count) => format!("{}\n", plural(*count, "dead event")),
@@ -262,11 +298,45 @@ fn dead_show(event: &DeadEvent) -> String {
     fields.row(["created at".into(), timestamp(&event.created_at)]);
     fields.row(["dead at".into(), timestamp(&event.dead_at)]);
     let mut text = fields.render();
-    let error = event.last_error.as_deref().unwrap_or("(none recorded)");
+    text.push_str(&sections(&event.last_error, &event.headers, &event.payload));
+    text
+}
+
+fn event_show(event: &EventRecord) -> String {
+    let mut fields = Table::new(&[], &[]);
+    fields.row(["event id".into(), event.event_id.to_string()]);
+    fields.row(["state".into(), state(event.state).into()]);
+    fields.row(["aggregate type".into(), event.aggregate_type.clone()]);
+    fields.row(["aggregate id".into(), event.aggregate_id.clone()]);
+    fields.row(["event type".into(), event.event_type.clone()]);
+    fields.row(["version".into(), event.version.to_string()]);
+    fields.row(["ordered".into(), event.ordered.to_string()]);
+    if let Some(key) = &event.idempotency_key {
+        fields.row(["idempotency key".into(), key.clone()]);
+    }
+    fields.row(["attempts".into(), event.attempts.to_string()]);
+    fields.row(["expired leases".into(), event.expired_leases.to_string()]);
+    fields.row(["created at".into(), timestamp(&event.created_at)]);
+    fields.row(["available at".into(), timestamp(&event.available_at)]);
+    if let Some(at) = &event.published_at {
+        fields.row(["published at".into(), timestamp(at)]);
+    }
+    if let Some(at) = &event.dead_at {
+        fields.row(["dead at".into(), timestamp(at)]);
+    }
+    let mut text = fields.render();
+    text.push_str(&sections(&event.last_error, &event.headers, &event.payload));
+    text
+}
+
+/// The last error, headers and payload, each under its title and indented.
+fn sections(last_error: &Option<String>, headers: &Value, payload: &Value) -> String {
+    let mut text = String::new();
+    let error = last_error.as_deref().unwrap_or("(none recorded)");
     for (title, body) in [
         ("last error", error.to_owned()),
-        ("headers", format!("{:#}", event.headers)),
-        ("payload", format!("{:#}", event.payload)),
+        ("headers", format!("{headers:#}")),
+        ("payload", format!("{payload:#}")),
     ] {
         text.push_str(&format!("\n{title}:\n"));
         for line in body.lines() {

@@ -299,6 +299,30 @@ async fn replay_counts_then_makes_published_events_pending(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn event_show_finds_any_event_with_its_state(pool: PgPool) {
+    migrated(&pool).await;
+    let pending = emit_committed(&pool, &[OrderPlaced { order_id: 5 }]).await[0];
+    let dead = dead_row(&pool, "order", "order.placed", "timeout\nat line 2").await;
+
+    let shown = outbox(&pool, &["event", "show", &pending.to_string(), "--json"]).json();
+    assert_eq!(shown["state"], "pending");
+    assert_eq!(shown["payload"], json!({ "order_id": 5 }));
+    assert_eq!(
+        (shown["published_at"].clone(), shown["dead_at"].clone()),
+        (Value::Null, Value::Null)
+    );
+    let shown = outbox(&pool, &["event", "show", &dead.to_string(), "--json"]).json();
+    assert_eq!((shown["state"].as_str(), shown["attempts"].as_u64()), (Some("dead"), Some(10)));
+    let text = outbox(&pool, &["event", "show", &dead.to_string()]).ok().stdout;
+    assert_eq!(field(&text, "state"), "dead");
+    assert!(text.contains("last error:\n  timeout\n  at line 2\n"), "{text}");
+
+    let missing = Uuid::now_v7();
+    let stderr = outbox(&pool, &["event", "show", &missing.to_string()]).fails(1);
+    assert!(stderr.contains(&format!("no event with id {missing}")), "{stderr}");
+}
+
+#[sqlx::test(migrations = false)]
 async fn status_lists_the_relays_and_which_went_silent(pool: PgPool) {
     migrated(&pool).await;
     // As two relays' heartbeats leave them: one beat 2 s ago, one 10 minutes ago.

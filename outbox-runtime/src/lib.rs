@@ -105,6 +105,7 @@ mod decode;
 mod emit;
 mod error;
 mod event;
+pub mod events;
 pub mod forward;
 mod json;
 #[cfg(feature = "schemars")]

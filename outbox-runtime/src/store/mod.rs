@@ -14,6 +14,7 @@ use sqlx::Postgres;
 mod ack;
 mod emit;
 mod lease;
+mod lookup;
 mod ops;
 mod pauses;
 mod relays;
@@ -32,6 +33,7 @@ pub(crate) use lease::{
     hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
     RowAddress, Scan, TypeVersions, RELAY_SESSION,
 };
+pub(crate) use lookup::{event, EventRow};
 pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
     count_dead, dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type,
@@ -196,6 +198,7 @@ mod tests {
             ("pause", parameters(pauses::pause_query("order", "order.placed", None))),
             ("resume", parameters(pauses::resume_query("order", "order.placed"))),
             ("paused", parameters(pauses::paused_query())),
+            ("event", parameters(lookup::event_query(Uuid::nil()))),
             ("count published", parameters(replay::count_query("o", "o.p", at, at))),
             ("replay", parameters(replay::replay_query("o", "o.p", at, at))),
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),

@@ -1,0 +1,117 @@
+//! Looking an event up by its id, whatever its state: what an operator does with the id from a
+//! log line or a support ticket.
+//!
+//! ```no_run
+//! # use outbox_runtime::sqlx;
+//! # async fn ops(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), outbox_runtime::Error> {
+//! if let Some(event) = outbox_runtime::events::get(&pool, id).await? {
+//!     println!("{:?} after {} attempts: {:?}", event.state, event.attempts, event.last_error);
+//! }
+//! # Ok(()) }
+//! ```
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::Error;
+use crate::store::{self, EventRow};
+
+/// Where an event stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventState {
+    /// Deliverable now, waiting for a relay (or locked by a relay in the held-transaction lease
+    /// mode, which writes nothing to the row).
+    Pending,
+    /// Leased by a relay in the written lease mode until `available_at`: being delivered.
+    Leased,
+    /// Not deliverable before `available_at`: delayed by its producer, waiting for its next
+    /// attempt after a failure, or snoozed.
+    Waiting,
+    /// Delivered, at `published_at`.
+    Published,
+    /// A dead letter since `dead_at`: see [`dead_letters`](crate::dead_letters).
+    Dead,
+}
+
+/// An event, with its state and delivery history.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct EventRecord {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The version the payload was written at.
+    pub version: u32,
+    /// Delivered in order within its aggregate.
+    pub ordered: bool,
+    /// The key it was emitted under, if any.
+    pub idempotency_key: Option<String>,
+    /// The payload as stored.
+    pub payload: serde_json::Value,
+    /// The headers as stored.
+    pub headers: serde_json::Value,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+    /// When it is (or was) deliverable; for a leased event, when its lease runs out.
+    pub available_at: DateTime<Utc>,
+    /// Where it stands.
+    pub state: EventState,
+    /// Failed deliveries.
+    pub attempts: u32,
+    /// Leases that expired before a relay acknowledged it.
+    pub expired_leases: u32,
+    /// The last failure's text.
+    pub last_error: Option<String>,
+    /// When it was delivered.
+    pub published_at: Option<DateTime<Utc>>,
+    /// When it became a dead letter.
+    pub dead_at: Option<DateTime<Utc>>,
+}
+
+/// The event with this id, if the table still holds it (retention, `delete_on_publish` and
+/// discarding dead letters remove rows).
+pub async fn get(pool: &PgPool, event_id: Uuid) -> Result<Option<EventRecord>, Error> {
+    Ok(store::event(pool, event_id).await?.map(EventRecord::from))
+}
+
+impl From<EventRow> for EventRecord {
+    fn from(row: EventRow) -> Self {
+        let state = if row.dead_at.is_some() {
+            EventState::Dead
+        } else if row.published_at.is_some() {
+            EventState::Published
+        } else if row.leased {
+            EventState::Leased
+        } else if row.later {
+            EventState::Waiting
+        } else {
+            EventState::Pending
+        };
+        EventRecord {
+            event_id: row.event_id,
+            aggregate_type: row.aggregate_type,
+            aggregate_id: row.aggregate_id,
+            event_type: row.event_type,
+            version: u32::try_from(row.event_version).unwrap_or(1),
+            ordered: row.ordered,
+            idempotency_key: row.idempotency_key,
+            payload: row.payload,
+            headers: row.headers,
+            created_at: row.created_at,
+            available_at: row.available_at,
+            state,
+            attempts: u32::try_from(row.attempts).unwrap_or(0),
+            expired_leases: u32::try_from(row.expired_leases).unwrap_or(0),
+            last_error: row.last_error,
+            published_at: row.published_at,
+            dead_at: row.dead_at,
+        }
+    }
+}
