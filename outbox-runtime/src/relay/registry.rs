@@ -60,7 +60,8 @@ pub(crate) async fn keep_registered(
 fn warn(error: &Error, what: &str) {
     tracing::warn!(
         error = %ErrorChain(error),
-        "outbox relay {what}; delivery goes on, but `outbox status` shows it wrong: grant the \
-         relay's role SELECT, INSERT, UPDATE, DELETE on outbox.relays (docs/least-privilege.sql)"
+        "outbox relay {what}; delivery goes on, and `outbox status` shows the relay as silent \
+         until a heartbeat succeeds (if permission is denied, grant the relay's role SELECT, \
+         INSERT, UPDATE, DELETE on outbox.relays: docs/least-privilege.sql)"
     );
 }
