@@ -96,6 +96,7 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
         }
         Command::Replay(args) => {
             let (aggregate_type, event_type) = &args.event_type;
+            check_range(Some(args.newer_than), args.older_than)?;
             let (from, until) = (ago(args.newer_than), args.older_than.map_or_else(Utc::now, ago));
             let count = if args.dry_run {
                 replay::count(pool, aggregate_type, event_type, from, until).await?
@@ -121,15 +122,15 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             }
         }
         Command::Dead(DeadCommand::Requeue(selector)) => {
-            let count = dead_letters::requeue(pool, &filter(selector)).await?;
+            let count = dead_letters::requeue(pool, &filter(selector)?).await?;
             found(selector, count).map(Report::Requeued)
         }
         Command::Dead(DeadCommand::Discard(selector)) => {
-            let count = dead_letters::discard(pool, &filter(selector)).await?;
+            let count = dead_letters::discard(pool, &filter(selector)?).await?;
             found(selector, count).map(Report::Discarded)
         }
         Command::Dead(DeadCommand::Count(selector)) => {
-            Ok(Report::DeadCount(dead_letters::count(pool, &filter(selector)).await?))
+            Ok(Report::DeadCount(dead_letters::count(pool, &filter(selector)?).await?))
         }
         Command::Forward(args) => Ok(Report::Forwarded(crate::forward::run(pool, args).await?)),
         Command::Purge(args) => {
@@ -140,6 +141,7 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
 }
 
 async fn list(pool: &PgPool, args: &ListArgs) -> Result<Report, Failure> {
+    check_range(args.newer_than, args.older_than)?;
     let narrowing = Narrowing {
         aggregate_type: &args.aggregate_type,
         event_type: &args.event_type,
@@ -156,10 +158,11 @@ async fn list(pool: &PgPool, args: &ListArgs) -> Result<Report, Failure> {
 
 /// The runtime's filter for a selector; clap guarantees one of its parts is set, and that an
 /// event id or `--all` comes alone.
-fn filter(selector: &Selector) -> DeadFilter {
+fn filter(selector: &Selector) -> Result<DeadFilter, Failure> {
     if let Some(event_id) = selector.event_id {
-        return DeadFilter::event(event_id);
+        return Ok(DeadFilter::event(event_id));
     }
+    check_range(selector.newer_than, selector.older_than)?;
     let narrowing = Narrowing {
         aggregate_type: &selector.aggregate_type,
         event_type: &selector.event_type,
@@ -167,7 +170,7 @@ fn filter(selector: &Selector) -> DeadFilter {
         newer_than: selector.newer_than,
         older_than: selector.older_than,
     };
-    narrowing.filter()
+    Ok(narrowing.filter())
 }
 
 /// The arguments that narrow dead events down, shared by `list` and the selector.
@@ -207,6 +210,16 @@ fn found(selector: &Selector, count: u64) -> Result<u64, Failure> {
     match selector.event_id {
         Some(event_id) if count == 0 => Err(Failure::NoSuchDeadEvent(event_id)),
         _ => Ok(count),
+    }
+}
+
+/// Refuses `--newer-than` and `--older-than` that leave no instant between them.
+fn check_range(newer_than: Option<Duration>, older_than: Option<Duration>) -> Result<(), Failure> {
+    match (newer_than, older_than) {
+        (Some(newer_than), Some(older_than)) if older_than >= newer_than => {
+            Err(Failure::EmptyRange { newer_than, older_than })
+        }
+        _ => Ok(()),
     }
 }
 

@@ -47,6 +47,13 @@ pub enum Failure {
     NoSuchDeadEvent(Uuid),
     /// No event has this id.
     NoSuchEvent(Uuid),
+    /// `--older-than` is not shorter than `--newer-than`: no instant is in both.
+    EmptyRange {
+        /// `--newer-than`.
+        newer_than: std::time::Duration,
+        /// `--older-than`.
+        older_than: std::time::Duration,
+    },
     /// `outbox forward` cannot reach or use its broker as configured.
     Forward(String),
     /// Anything else the runtime reported.
@@ -95,6 +102,15 @@ impl fmt::Display for Failure {
                 f,
                 "no event with id {id}: never emitted, rolled back, or removed (by retention, \
                  delete_on_publish, or a discarded dead letter)"
+            ),
+            Failure::EmptyRange { newer_than, older_than } => write!(
+                f,
+                "--newer-than {} and --older-than {} select nothing: events of more than {} \
+                 and less than {} ago; give --older-than the shorter age",
+                humantime::format_duration(*newer_than),
+                humantime::format_duration(*older_than),
+                humantime::format_duration(*older_than),
+                humantime::format_duration(*newer_than),
             ),
             Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {

@@ -296,6 +296,16 @@ async fn replay_counts_then_makes_published_events_pending(pool: PgPool) {
     assert_eq!(outbox(&pool, &older).json(), json!({ "replayed": 1 }));
     let stderr = outbox(&pool, &["replay", "order:order.placed"]).fails(2);
     assert!(stderr.contains("--newer-than"), "a range is required: {stderr}");
+    // A range with nothing in it is refused, by replay and by the dead-letter commands alike.
+    for args in [
+        &["replay", "order:order.placed", "--newer-than", "1h", "--older-than", "2h"][..],
+        &["dead", "requeue", "--newer-than", "1h", "--older-than", "1h"],
+        &["dead", "list", "--newer-than", "10m", "--older-than", "1d"],
+    ] {
+        let stderr = outbox(&pool, args).fails(1);
+        assert!(stderr.contains("select nothing"), "{args:?}: {stderr}");
+    }
+    assert_eq!(count(&pool, "published_at IS NULL").await, 2, "the two replayed above, no more");
 }
 
 #[sqlx::test(migrations = false)]
