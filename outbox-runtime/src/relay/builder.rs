@@ -18,6 +18,7 @@ use crate::relay::forwarding::Forwarding;
 use crate::relay::handler::{Handler, Route, Stateless};
 use crate::relay::held::HeldRows;
 use crate::relay::metrics::RelayMetrics;
+use crate::relay::pace::ORDERED_BATCH_SIZE;
 use crate::relay::registry::Registration;
 use crate::relay::{Plan, Relay, Routed, Routes};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
@@ -310,7 +311,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
 
     /// Most rows leased in one statement. By default the relay sizes its leases from the
     /// backlog: 100 rows while it keeps up, doubling while leases come back full, up to 1,000
-    /// (a large backlog drains fastest in large leases). A fixed size turns that off.
+    /// (a large backlog drains fastest in large leases); a relay whose handlers all take
+    /// ordered events leases 100 (an ordered row waits for its predecessor, and a larger lease
+    /// only reads further past the rows that wait). A fixed size turns that off.
     ///
     /// Either way a relay leases no more than its handlers, at their average duration, start
     /// within a third of the lease timeout.
@@ -544,6 +547,17 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             }
             // A forwarded payload goes out as stored, whatever its version.
             types.push(&aggregate_type, &event_type, i32::MAX);
+        }
+
+        // Ordered rows become leasable one per aggregate, as their predecessors are published,
+        // and a lease reads past every row that waits: one asking for more rows than are
+        // leasable reads the whole backlog (BENCHMARKS.md, "Ordered backlogs"). So a relay that
+        // leases only ordered types keeps its leases at the smallest adaptive size.
+        let only_ordered = forwarded.is_none()
+            && config.unknown_events != UnknownEvents::Fail
+            && handled.values().all(|(event_type, _)| event_type.ordered());
+        if only_ordered && config.batch_size.is_none() {
+            config.batch_size = Some(ORDERED_BATCH_SIZE);
         }
 
         // Decided once here, not in the loop: which rows every lease asks for, and which

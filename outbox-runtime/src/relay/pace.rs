@@ -46,6 +46,10 @@ impl Pace {
 /// events cost one small statement.
 const MIN_ADAPTIVE: u32 = 100;
 
+/// The lease size of a relay whose handlers all take ordered events, unless the application set
+/// one (see `RelayBuilder::build`).
+pub(crate) const ORDERED_BATCH_SIZE: u32 = MIN_ADAPTIVE;
+
 /// The largest: beyond it a lease's fixed cost no longer shows (see BENCHMARKS.md), while the rows
 /// one relay holds (and hands to another after a crash) keep growing.
 const MAX_ADAPTIVE: u32 = 1_000;
