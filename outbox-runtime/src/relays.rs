@@ -65,37 +65,22 @@ pub async fn relays(pool: &PgPool) -> Result<Vec<RelayStatus>, Error> {
 }
 
 impl RelayStatus {
-    fn from_row(
-        (
-            relay_id,
-            host,
-            pid,
-            version,
-            lease_mode,
-            handles,
-            forwards,
-            started_at,
-            heartbeat_at,
-            since,
-            held,
-            delivered,
-        ): store::RelayRow,
-    ) -> Self {
-        let since_heartbeat = Duration::from_secs_f64(since.max(0.0));
+    fn from_row(row: store::RelayRow) -> Self {
+        let since_heartbeat = Duration::from_secs_f64(row.since_heartbeat.max(0.0));
         RelayStatus {
-            relay_id,
-            host,
-            pid: u32::try_from(pid).unwrap_or_default(),
-            version,
-            lease_mode,
-            handles,
-            forwards,
-            started_at,
-            heartbeat_at,
+            relay_id: row.relay_id,
+            host: row.host,
+            pid: u32::try_from(row.pid).unwrap_or_default(),
+            version: row.version,
+            lease_mode: row.lease_mode,
+            handles: row.handles,
+            forwards: row.forwards_to,
+            started_at: row.started_at,
+            heartbeat_at: row.heartbeat_at,
             since_heartbeat,
             silent: since_heartbeat > SILENT_AFTER,
-            held: u64::try_from(held).unwrap_or_default(),
-            delivered: u64::try_from(delivered).unwrap_or_default(),
+            held: u64::try_from(row.held).unwrap_or_default(),
+            delivered: u64::try_from(row.delivered).unwrap_or_default(),
         }
     }
 }

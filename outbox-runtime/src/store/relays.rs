@@ -76,20 +76,21 @@ pub(super) fn withdraw_query<'q>(relay_id: Uuid) -> Query<'q> {
 }
 
 /// A row of `outbox.relays`, with the seconds since its heartbeat by the database clock.
-pub(crate) type RelayRow = (
-    Uuid,
-    String,
-    i32,
-    String,
-    String,
-    Vec<String>,
-    Option<Vec<String>>,
-    DateTime<Utc>,
-    DateTime<Utc>,
-    f64,
-    i32,
-    i64,
-);
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RelayRow {
+    pub(crate) relay_id: Uuid,
+    pub(crate) host: String,
+    pub(crate) pid: i32,
+    pub(crate) version: String,
+    pub(crate) lease_mode: String,
+    pub(crate) handles: Vec<String>,
+    pub(crate) forwards_to: Option<Vec<String>>,
+    pub(crate) started_at: DateTime<Utc>,
+    pub(crate) heartbeat_at: DateTime<Utc>,
+    pub(crate) since_heartbeat: f64,
+    pub(crate) held: i32,
+    pub(crate) delivered: i64,
+}
 
 /// Every relay's entry, the longest running first.
 pub(crate) async fn relays(pool: &PgPool) -> Result<Vec<RelayRow>, sqlx::Error> {
@@ -99,7 +100,8 @@ pub(crate) async fn relays(pool: &PgPool) -> Result<Vec<RelayRow>, sqlx::Error> 
 pub(super) fn relays_query<'q>() -> Rows<'q, RelayRow> {
     sqlx::query_as(
         "SELECT relay_id, host, pid, version, lease_mode, handles, forwards_to, started_at, \
-                heartbeat_at, extract(epoch FROM now() - heartbeat_at)::float8, held, delivered \
+                heartbeat_at, extract(epoch FROM now() - heartbeat_at)::float8 AS since_heartbeat, \
+                held, delivered \
          FROM outbox.relays ORDER BY started_at, relay_id",
     )
 }
