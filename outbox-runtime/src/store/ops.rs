@@ -227,13 +227,19 @@ pub(crate) async fn requeue_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<u64, sqlx::Error> {
+    run_and_wake(pool, requeue_query(selection)).await
+}
+
+/// Runs `query`, which gives relays rows to lease (requeue, resume, replay), and wakes them in
+/// the same transaction if it changed any (the NOTIFY goes out at commit); returns how many.
+pub(super) async fn run_and_wake(pool: &PgPool, query: Query<'_>) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let requeued = requeue_query(selection).execute(&mut *tx).await?.rows_affected();
-    if requeued > 0 {
+    let changed = query.execute(&mut *tx).await?.rows_affected();
+    if changed > 0 {
         notify_query().execute(&mut *tx).await?;
     }
     tx.commit().await?;
-    Ok(requeued)
+    Ok(changed)
 }
 
 pub(super) fn requeue_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::ops::notify_query;
+use super::ops::run_and_wake;
 use super::{Query, Rows};
 
 /// Pauses a type; returns whether it was running (an existing pause keeps its time and reason).
@@ -37,14 +37,7 @@ pub(crate) async fn resume(
     aggregate_type: &str,
     event_type: &str,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let resumed = resume_query(aggregate_type, event_type).execute(&mut *tx).await?;
-    let resumed = resumed.rows_affected() == 1;
-    if resumed {
-        notify_query().execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(resumed)
+    Ok(run_and_wake(pool, resume_query(aggregate_type, event_type)).await? == 1)
 }
 
 pub(super) fn resume_query<'q>(aggregate_type: &'q str, event_type: &'q str) -> Query<'q> {

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::ops::notify_query;
+use super::ops::run_and_wake;
 use super::{Query, Scalar};
 
 /// The published rows of one type published in `[$3, $4)`, on the `published_at` index.
@@ -47,14 +47,7 @@ pub(crate) async fn replay(
     from: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let query = replay_query(aggregate_type, event_type, from, until);
-    let replayed = query.execute(&mut *tx).await?.rows_affected();
-    if replayed > 0 {
-        notify_query().execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(replayed)
+    run_and_wake(pool, replay_query(aggregate_type, event_type, from, until)).await
 }
 
 pub(super) fn replay_query<'q>(
