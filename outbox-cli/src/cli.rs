@@ -101,6 +101,19 @@ pub enum Command {
     /// JSON: {"purged": int, "older_than_secs": number}
     Purge(PurgeArgs),
 
+    /// Serve the operations console (pages and a JSON API) until SIGINT or SIGTERM
+    ///
+    /// Overview, relays, events by id, dead letters (filter, requeue, discard), pauses and
+    /// replays, in the browser at http://BIND/. Binds loopback by default; any other address
+    /// needs a token in OUTBOX_CONSOLE_TOKEN (read from the environment only, never from the
+    /// command line where `ps` shows it): people log in with it, scripts send it as
+    /// `Authorization: Bearer TOKEN` to /api/... Without a token, only requests over loopback
+    /// are answered. --read-only serves no action. Prints the address it serves on stderr.
+    ///
+    /// JSON (on exit): {"served": true}
+    #[command(verbatim_doc_comment)]
+    Console(ConsoleArgs),
+
     /// Forward events to a broker until SIGINT or SIGTERM: a relay with no Rust code of yours
     ///
     /// Every committed event (or those of --event-type) is published to the broker and marked
@@ -474,4 +487,21 @@ mod tests {
     fn definitions_are_consistent() {
         super::Cli::command().debug_assert();
     }
+}
+
+/// `outbox console`.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to serve on (port 0: any free port)
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_BIND",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    pub bind: std::net::SocketAddr,
+
+    /// Serve the pages and the API's reads only: no requeue, discard, pause, resume or replay
+    #[arg(long, env = "OUTBOX_CONSOLE_READ_ONLY")]
+    pub read_only: bool,
 }

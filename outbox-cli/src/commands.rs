@@ -58,6 +58,8 @@ pub enum Report {
     Discarded(u64),
     /// `dead count`: how many.
     DeadCount(u64),
+    /// `console`: served until stopped.
+    Served,
     /// `forward`: what the forwarding relay did before it stopped.
     Forwarded(outbox_runtime::RelayCounts),
     /// `purge`: how many, and the age given.
@@ -132,6 +134,7 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
         Command::Dead(DeadCommand::Count(selector)) => {
             Ok(Report::DeadCount(dead_letters::count(pool, &filter(selector)?).await?))
         }
+        Command::Console(args) => crate::console::run(pool, args).await.map(|()| Report::Served),
         Command::Forward(args) => Ok(Report::Forwarded(crate::forward::run(pool, args).await?)),
         Command::Purge(args) => {
             let count = outbox_runtime::purge_published(pool, args.older_than).await?;

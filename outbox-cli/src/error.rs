@@ -54,6 +54,15 @@ pub enum Failure {
         /// `--older-than`.
         older_than: std::time::Duration,
     },
+    /// `outbox console` was asked to serve beyond loopback without a token.
+    ConsoleNeedsToken(std::net::SocketAddr),
+    /// `outbox console` cannot serve on its address.
+    ConsoleBind {
+        /// `--bind`.
+        address: std::net::SocketAddr,
+        /// Why.
+        reason: std::io::Error,
+    },
     /// `outbox forward` cannot reach or use its broker as configured.
     Forward(String),
     /// Anything else the runtime reported.
@@ -112,6 +121,15 @@ impl fmt::Display for Failure {
                 humantime::format_duration(*older_than),
                 humantime::format_duration(*newer_than),
             ),
+            Failure::ConsoleNeedsToken(address) => write!(
+                f,
+                "the console would serve {address}, beyond loopback, without a token: set \
+                 OUTBOX_CONSOLE_TOKEN to a long random secret (`openssl rand -hex 32`), or bind \
+                 127.0.0.1"
+            ),
+            Failure::ConsoleBind { address, reason } => {
+                write!(f, "cannot serve the console on {address}: {reason}; choose another --bind")
+            }
             Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {
                 // The outbox's errors keep their cause as `source`: print the whole chain.

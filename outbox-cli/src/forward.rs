@@ -293,7 +293,7 @@ async fn report_progress(metrics: RelayMetrics, every: Duration) {
 }
 
 /// SIGINT or SIGTERM.
-async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     match signal(SignalKind::terminate()) {
         Ok(mut terminate) => {
             tokio::select! {

@@ -9,6 +9,7 @@
 //! outbox dead discard (EVENT_ID | --all | --aggregate-type T | --event-type T)
 //! outbox purge --older-than 7d                    delete published events older than that
 //! outbox forward --to nats://HOST:PORT --stream S forward events to a broker until SIGTERM
+//! outbox console [--bind ADDR] [--read-only]      the operations console in the browser
 //! ```
 //!
 //! The database is `--database-url postgres://user@host:port/db`, or `DATABASE_URL`.
@@ -27,6 +28,7 @@
 mod cli;
 mod commands;
 mod connect;
+mod console;
 mod error;
 mod forward;
 mod output;

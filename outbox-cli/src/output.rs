@@ -16,7 +16,7 @@ use crate::commands::Report;
 /// Characters of `last_error` shown in the `dead list` table.
 const ERROR_WIDTH: usize = 60;
 
-/// The report as one JSON document.
+/// The report as one JSON document: the runtime's types serialize to the documented shapes.
 pub fn json(report: &Report) -> Value {
     match report {
         Report::Migrated => json!({ "migrated": true }),
@@ -24,31 +24,27 @@ pub fn json(report: &Report) -> Value {
             "pending": stats.pending,
             "dead": stats.dead,
             "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
-            "by_type": by_type.iter().map(type_json).collect::<Vec<_>>(),
-            "relays": relays.iter().map(relay_json).collect::<Vec<_>>(),
-            "paused": paused.iter().map(|p| json!({
-                "aggregate_type": p.aggregate_type,
-                "event_type": p.event_type,
-                "paused_at": rfc3339(&p.paused_at),
-                "reason": p.reason,
-            })).collect::<Vec<_>>(),
+            "by_type": by_type,
+            "relays": relays,
+            "paused": paused,
         }),
         Report::Paused(newly) => json!({ "paused": newly }),
         Report::Resumed(was_paused) => json!({ "resumed": was_paused }),
         Report::Replayed { count, dry_run: false } => json!({ "replayed": count }),
         Report::Replayed { count, dry_run: true } => json!({ "would_replay": count }),
         Report::DeadList { events, next_after } => json!({
-            "events": events.iter().map(event_json).collect::<Vec<_>>(),
+            "events": events,
             "next_after": next_after,
         }),
-        Report::DeadShow(event) => event_json(event),
-        Report::EventShow(event) => record_json(event),
+        Report::DeadShow(event) => json!(event),
+        Report::EventShow(event) => json!(event),
         Report::Requeued(count) => json!({ "requeued": count }),
         Report::Discarded(count) => json!({ "discarded": count }),
         Report::DeadCount(count) => json!({ "dead": count }),
         Report::Purged { count, older_than } => {
             json!({ "purged": count, "older_than_secs": older_than.as_secs_f64() })
         }
+        Report::Served => json!({ "served": true }),
         Report::Forwarded(counts) => json!({
             "forwarded": counts.delivered,
             "failed": counts.failed,
@@ -56,35 +52,6 @@ pub fn json(report: &Report) -> Value {
             "handed_back": counts.handed_back,
         }),
     }
-}
-
-fn type_json(stats: &TypeStats) -> Value {
-    json!({
-        "aggregate_type": stats.aggregate_type,
-        "event_type": stats.event_type,
-        "version": stats.version,
-        "pending": stats.pending,
-        "dead": stats.dead,
-        "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
-    })
-}
-
-fn relay_json(relay: &RelayStatus) -> Value {
-    json!({
-        "relay_id": relay.relay_id,
-        "host": relay.host,
-        "pid": relay.pid,
-        "version": relay.version,
-        "lease_mode": relay.lease_mode,
-        "handles": relay.handles,
-        "forwards": relay.forwards,
-        "started_at": rfc3339(&relay.started_at),
-        "heartbeat_at": rfc3339(&relay.heartbeat_at),
-        "since_heartbeat_secs": relay.since_heartbeat.as_secs_f64(),
-        "silent": relay.silent,
-        "held": relay.held,
-        "delivered": relay.delivered,
-    })
 }
 
 fn state(state: EventState) -> &'static str {
@@ -96,45 +63,6 @@ fn state(state: EventState) -> &'static str {
         EventState::Dead => "dead",
         _ => "unknown",
     }
-}
-
-fn record_json(event: &EventRecord) -> Value {
-    json!({
-        "event_id": event.event_id,
-        "aggregate_type": event.aggregate_type,
-        "aggregate_id": event.aggregate_id,
-        "event_type": event.event_type,
-        "event_version": event.version,
-        "ordered": event.ordered,
-        "idempotency_key": event.idempotency_key,
-        "state": state(event.state),
-        "attempts": event.attempts,
-        "expired_leases": event.expired_leases,
-        "created_at": rfc3339(&event.created_at),
-        "available_at": rfc3339(&event.available_at),
-        "published_at": event.published_at.as_ref().map(rfc3339),
-        "dead_at": event.dead_at.as_ref().map(rfc3339),
-        "last_error": event.last_error,
-        "headers": event.headers,
-        "payload": event.payload,
-    })
-}
-
-fn event_json(event: &DeadEvent) -> Value {
-    json!({
-        "event_id": event.event_id,
-        "aggregate_type": event.aggregate_type,
-        "aggregate_id": event.aggregate_id,
-        "event_type": event.event_type,
-        "event_version": event.version,
-        "attempts": event.attempts,
-        "expired_leases": event.expired_leases,
-        "created_at": rfc3339(&event.created_at),
-        "dead_at": rfc3339(&event.dead_at),
-        "last_error": event.last_error,
-        "headers": event.headers,
-        "payload": event.payload,
-    })
 }
 
 /// The report as text for a terminal, ending in a newline.
@@ -165,6 +93,7 @@ pub fn human(report: &Report) -> String {
             plural(*count, "event"),
             duration(*older_than)
         ),
+        Report::Served => "console stopped\n".into(),
         Report::Forwarded(counts) => format!(
             "forwarded {}; {} failed, {} dead, {} handed back at shutdown\n",
             plural(counts.delivered, "event"),

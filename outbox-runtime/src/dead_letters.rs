@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::store::{self, DeadRow, DeadSelection};
 
 /// A dead event, with what an operator needs to decide its fate.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct DeadEvent {
     /// The event's id.
@@ -40,14 +40,17 @@ pub struct DeadEvent {
     /// The event type.
     pub event_type: String,
     /// The version the payload was written at.
+    #[serde(rename = "event_version")]
     pub version: u32,
     /// The payload as stored.
     pub payload: serde_json::Value,
     /// The headers as stored.
     pub headers: serde_json::Value,
     /// When it was emitted.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub created_at: DateTime<Utc>,
     /// When it exhausted its attempts or its expired leases, or was rejected.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub dead_at: DateTime<Utc>,
     /// Failed deliveries.
     pub attempts: u32,

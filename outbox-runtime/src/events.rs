@@ -18,7 +18,8 @@ use crate::error::Error;
 use crate::store::{self, EventRow};
 
 /// Where an event stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum EventState {
     /// Deliverable now, waiting for a relay (or locked by a relay in the held-transaction lease
@@ -36,7 +37,7 @@ pub enum EventState {
 }
 
 /// An event, with its state and delivery history.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct EventRecord {
     /// The event's id.
@@ -48,6 +49,7 @@ pub struct EventRecord {
     /// The event type.
     pub event_type: String,
     /// The version the payload was written at.
+    #[serde(rename = "event_version")]
     pub version: u32,
     /// Delivered in order within its aggregate.
     pub ordered: bool,
@@ -58,8 +60,10 @@ pub struct EventRecord {
     /// The headers as stored.
     pub headers: serde_json::Value,
     /// When it was emitted.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub created_at: DateTime<Utc>,
     /// When it is (or was) deliverable; for a leased event, when its lease runs out.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub available_at: DateTime<Utc>,
     /// Where it stands.
     pub state: EventState,
@@ -70,8 +74,10 @@ pub struct EventRecord {
     /// The last failure's text.
     pub last_error: Option<String>,
     /// When it was delivered.
+    #[serde(serialize_with = "crate::serialize::optional_instant")]
     pub published_at: Option<DateTime<Utc>>,
     /// When it became a dead letter.
+    #[serde(serialize_with = "crate::serialize::optional_instant")]
     pub dead_at: Option<DateTime<Utc>>,
 }
 

@@ -100,6 +100,8 @@ compile_error!(
     "outbox-runtime needs a sqlx: enable the feature `sqlx-0-8` (default) or `sqlx-0-9`"
 );
 
+#[cfg(feature = "console")]
+pub mod console;
 pub mod dead_letters;
 mod decode;
 mod emit;
@@ -117,6 +119,7 @@ mod relay;
 pub mod relays;
 pub mod replay;
 mod retention;
+mod serialize;
 mod stats;
 mod store;
 #[cfg(feature = "testing")]

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::store;
 
 /// A paused event type.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct PausedType {
     /// The aggregate type.
@@ -27,6 +27,7 @@ pub struct PausedType {
     /// The event type.
     pub event_type: String,
     /// When it was paused.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub paused_at: DateTime<Utc>,
     /// Why, as the operator said.
     pub reason: Option<String>,

@@ -25,7 +25,7 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(15);
 pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A relay's entry, as of its last heartbeat.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RelayStatus {
     /// Made when the relay started; a restarted process is a new relay.
@@ -44,10 +44,13 @@ pub struct RelayStatus {
     /// handler takes. `None` when it forwards nothing.
     pub forwards: Option<Vec<String>>,
     /// When it started.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub started_at: DateTime<Utc>,
     /// Its last heartbeat.
+    #[serde(serialize_with = "crate::serialize::instant")]
     pub heartbeat_at: DateTime<Utc>,
     /// How long ago that was, by the database's clock.
+    #[serde(rename = "since_heartbeat_secs", serialize_with = "crate::serialize::seconds")]
     pub since_heartbeat: Duration,
     /// No heartbeat for longer than [`SILENT_AFTER`]: the relay died, hangs, or cannot reach the
     /// database.

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::store;
 
 /// How the outbox is doing, as one consistent reading.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct OutboxStats {
     /// Events not yet published and not dead, whether available now, leased, delayed, or waiting
@@ -19,6 +19,10 @@ pub struct OutboxStats {
     pub dead: i64,
     /// How long ago the oldest pending event was emitted: the relay's lag. `None` when nothing
     /// is pending.
+    #[serde(
+        rename = "oldest_pending_age_secs",
+        serialize_with = "crate::serialize::optional_seconds"
+    )]
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -40,7 +44,7 @@ impl OutboxStats {
 }
 
 /// [`OutboxStats`] of one `(aggregate_type, event_type)` at one version.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct TypeStats {
     /// The aggregate type.
@@ -55,6 +59,10 @@ pub struct TypeStats {
     /// Its dead events.
     pub dead: i64,
     /// How long ago its oldest pending event was emitted.
+    #[serde(
+        rename = "oldest_pending_age_secs",
+        serialize_with = "crate::serialize::optional_seconds"
+    )]
     pub oldest_pending_age: Option<Duration>,
 }
 

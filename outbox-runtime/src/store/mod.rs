@@ -13,6 +13,8 @@ use sqlx::Postgres;
 
 mod ack;
 mod emit;
+#[cfg(feature = "console")]
+mod history;
 mod lease;
 mod lookup;
 mod ops;
@@ -29,6 +31,8 @@ pub(crate) use ack::{
     still_leased, Failures, OnPublish, Snoozes,
 };
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
+#[cfg(feature = "console")]
+pub(crate) use history::published_per_minute;
 pub(crate) use lease::{
     hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
     RowAddress, Scan, TypeVersions, RELAY_SESSION,
@@ -153,7 +157,8 @@ mod tests {
             handles: vec!["order/order.placed".to_owned()],
             forwards: None,
         };
-        let statements = [
+        #[cfg_attr(not(feature = "console"), allow(unused_mut))]
+        let mut statements = vec![
             ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
             ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
             ("lease from", parameters(lease::lease_query(&all, from, 10, nil, held))),
@@ -209,6 +214,8 @@ mod tests {
             ("applied outbox", parameters(schema::applied_query(History::Outbox))),
             ("applied search path", parameters(schema::applied_query(History::SearchPath))),
         ];
+        #[cfg(feature = "console")]
+        statements.push(("per minute", parameters(history::published_per_minute_query(at))));
         for (name, (named, bound)) in statements {
             assert_eq!(named, bound, "`{name}` names ${named} but binds {bound} values");
         }
