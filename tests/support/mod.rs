@@ -2,6 +2,8 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod accounts;
+pub mod browser;
+pub mod console;
 mod db;
 pub mod forwarding;
 pub mod kafka;

@@ -140,7 +140,7 @@ pub(super) async fn confirm_dead(
                 @if action == DeadAction::Discard { " Discarded events are deleted for good." }
                 @else { " They become pending again and relays deliver them." }
             }
-            form method="post" action=(page.link(&format!("/dead/{verb}"))) {
+            form #act method="post" action=(page.link(&format!("/dead/{verb}"))) {
                 (csrf(&page))
                 @for (name, value) in pinned.fields() { input type="hidden" name=(name) value=(value); }
                 button.danger[action == DeadAction::Discard] type="submit" { "Yes, " (verb) " " (count(matching)) }
@@ -299,7 +299,7 @@ pub(super) async fn confirm_replay(
                 (views::event_type(aggregate_type, event_type)) ", published between " (instant(&since)) " and "
                 (instant(&until)) ", pending again: relays deliver them again."
             }
-            form method="post" action=(page.link("/control/replay")) {
+            form #act method="post" action=(page.link("/control/replay")) {
                 (csrf(&page))
                 input type="hidden" name="aggregate_type" value=(aggregate_type);
                 input type="hidden" name="event_type" value=(event_type);

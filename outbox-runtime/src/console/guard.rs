@@ -119,7 +119,7 @@ fn base_path(request: &Request) -> String {
 }
 
 /// Headers for every response: nothing runs or loads but the console's own stylesheet, no
-/// other site frames it or receives its forms, and nothing is cached or sent as a referrer.
+/// other site frames it or receives its forms or a referrer, and nothing is cached.
 fn secure(response: &mut Response) {
     let headers = response.headers_mut();
     let policy = "default-src 'none'; style-src 'self'; img-src 'self' data:; \
@@ -127,6 +127,7 @@ fn secure(response: &mut Response) {
     headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it browsers send `Origin: null` with the console's own forms.
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
