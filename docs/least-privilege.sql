@@ -105,6 +105,9 @@ GRANT SELECT, INSERT, UPDATE ON outbox.stats_reading TO outbox_relay;
 -- Each running relay keeps an entry with its heartbeat (an upsert), removes it when it stops, and
 -- removes those of relays silent for a day; `outbox status` lists them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.relays TO outbox_relay;
+-- Each heartbeat adds the relay's deliveries to the minute's row of the console's charts; the
+-- first of a minute stores a reading and deletes the rows older than a day.
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.activity TO outbox_relay;
 -- Pausing and resuming an event type (`outbox pause`, `pauses::{pause, resume}`); every lease
 -- reads the paused types, which the migration lets every role read.
 GRANT INSERT, DELETE ON outbox.paused_types TO outbox_relay;

@@ -113,7 +113,14 @@ async fn a_requeued_dead_letter_is_delivered_by_the_running_relay(pool: PgPool) 
     browser.client.find(Locator::LinkText("Requeue 1…")).await.unwrap().click().await.unwrap();
     assert!(text(&browser, "#confirm").await.contains("requeue 1 dead letter"));
     browser.screenshot("dead-letters-confirm").await;
-    browser.client.find(Locator::Css("#act button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser
+        .client
+        .find(Locator::Css("#act button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     assert_eq!(text(&browser, "#done").await, "Requeued 1 dead letters.");
 
     let event = format!("{}/events/{id}", served.url);
@@ -140,7 +147,10 @@ async fn a_paused_type_is_not_taken_by_the_running_relay_until_resumed(pool: PgP
     form.set_by_name("reason", "payment service down").await.unwrap();
     form.submit().await.unwrap();
     let paused = text(&browser, "#paused").await;
-    assert!(paused.contains("order / order.placed") && paused.contains("payment service down"), "{paused}");
+    assert!(
+        paused.contains("order / order.placed") && paused.contains("payment service down"),
+        "{paused}"
+    );
     browser.screenshot("control-paused").await;
 
     // Emitted while paused: the relay, polling every few milliseconds, leaves it pending.
@@ -156,7 +166,14 @@ async fn a_paused_type_is_not_taken_by_the_running_relay_until_resumed(pool: PgP
     browser.screenshot("relays").await;
 
     browser.client.goto(&format!("{}/control", served.url)).await.unwrap();
-    browser.client.find(Locator::Css("#paused button[type=submit]")).await.unwrap().click().await.unwrap();
+    browser
+        .client
+        .find(Locator::Css("#paused button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     until_published(&pool, id).await;
     assert!(handled.contains(id));
     relay.stop().await;

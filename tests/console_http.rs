@@ -97,6 +97,16 @@ async fn the_token_logs_people_in_and_lets_scripts_call_the_api(pool: PgPool) {
     migrated(&pool).await;
     dead_row(&pool, "order", "order.placed", "refused").await;
     emit_committed(&pool, &[placed(1), placed(2), placed(3)]).await;
+    // What relays recorded: 40 delivered five minutes ago, 2 two hours ago (outside the hour).
+    sqlx::query(
+        "INSERT INTO outbox.activity (minute, delivered, pending, dead, oldest_pending_age_secs, \
+                                      read) \
+         VALUES (date_trunc('minute', now()) - interval '5 minutes', 40, 3, 1, 12.5, true), \
+                (date_trunc('minute', now()) - interval '2 hours', 2, 0, 1, NULL, true)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let served = Served::start(Console::new(pool.clone()).token(TOKEN).router()).await;
     let http = client();
 
@@ -112,6 +122,8 @@ async fn the_token_logs_people_in_and_lets_scripts_call_the_api(pool: PgPool) {
     let overview = overview.text().await.unwrap();
     assert!(overview.contains("id=\"pending\">3<"), "{overview}");
     assert!(overview.contains("action=\"/logout\""), "a logged-in page offers a logout");
+    assert!(overview.contains("id=\"delivered\">40<"), "{overview}");
+    assert!(overview.contains(": 40</title>") && overview.contains(": 12s</title>"), "charted");
 
     // The session cookie does not open the API: scripts send the token.
     let cookie_only = http.get(format!("{}/api/overview", served.url)).header(COOKIE, &cookie);
@@ -124,6 +136,9 @@ async fn the_token_logs_people_in_and_lets_scripts_call_the_api(pool: PgPool) {
     assert_eq!(api["pending"], stats.pending);
     assert_eq!(api["dead"], stats.dead);
     assert_eq!(api["by_type"].as_array().unwrap().len(), 1, "{api}");
+    assert_eq!(api["delivered_last_hour"], 40);
+    assert_eq!(api["activity"].as_array().unwrap().len(), 2, "{api}");
+    assert_eq!(api["activity"][1]["oldest_pending_age_secs"], 12.5);
 
     // Logging out ends the session in the browser.
     let page =

@@ -378,6 +378,8 @@ async fn the_app_role_cannot_read_payloads_or_change_events(pool: PgPool) {
         // So are the relays' heartbeats.
         "SELECT relay_id FROM outbox.relays",
         "DELETE FROM outbox.relays",
+        "SELECT minute FROM outbox.activity",
+        "DELETE FROM outbox.activity",
     ] {
         assert_denied(sql, execute(&app, sql).await);
     }
@@ -543,6 +545,16 @@ async fn the_relay_role_runs_the_relay_and_the_operations(pool: PgPool) {
     eventually("the relay's entry counts its deliveries", || async {
         let entries = outbox_runtime::relays::relays(&relay_pool).await.unwrap();
         entries.len() == 1 && entries[0].delivered == 4
+    })
+    .await;
+    // And its activity: the minutes' deliveries and readings, under the relay role.
+    eventually("the relay records its deliveries by the minute", || async {
+        let delivered: Option<i64> =
+            sqlx::query_scalar("SELECT sum(delivered)::int8 FROM outbox.activity WHERE read")
+                .fetch_one(&relay_pool)
+                .await
+                .unwrap();
+        delivered == Some(4)
     })
     .await;
     // Pausing and resuming a type, under the relay role.

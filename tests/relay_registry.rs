@@ -147,3 +147,46 @@ async fn each_relay_says_what_it_handles_and_forwards(pool: PgPool) {
     handles_and_forwards.stop().await;
     assert!(relays::relays(&pool).await.unwrap().is_empty());
 }
+
+/// What the console charts: every relay adds its deliveries to the minute's row of
+/// `outbox.activity`, the first heartbeat of a minute stores a reading of the outbox, and rows
+/// older than a day go.
+#[sqlx::test(migrations = false)]
+async fn relays_record_their_deliveries_and_a_reading_by_the_minute(pool: PgPool) {
+    migrated(&pool).await;
+    dead_row(&pool, "order", "order.placed", "refused").await;
+    sqlx::query(
+        "INSERT INTO outbox.activity (minute, delivered, read) \
+         VALUES (date_trunc('minute', now()) - interval '25 hours', 7, true)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let relays = [
+        Running::start(fast(Relay::builder(pool.clone())).handler(ok)),
+        Running::start(fast(Relay::builder(pool.clone())).handler(ok)),
+    ];
+    emit_committed(&pool, &[placed(1), placed(2), placed(3), placed(4), placed(5)]).await;
+    eventually("both relays' deliveries are recorded, each minute read", || async {
+        let (delivered, unread, old): (Option<i64>, i64, i64) = sqlx::query_as(
+            "SELECT sum(delivered) FILTER (WHERE minute > now() - interval '1 hour')::int8, \
+                    count(*) FILTER (WHERE NOT read), \
+                    count(*) FILTER (WHERE minute < now() - interval '1 day') \
+             FROM outbox.activity",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        delivered == Some(5) && unread == 0 && old == 0
+    })
+    .await;
+    let dead: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT dead FROM outbox.activity").fetch_all(&pool).await.unwrap();
+    assert!(
+        dead.iter().all(|dead| *dead == Some(1)),
+        "each reading counts the dead letter: {dead:?}"
+    );
+    for relay in relays {
+        relay.stop().await;
+    }
+}

@@ -2,8 +2,8 @@
 //! browser per test, on a port and a profile of its own, so tests run in parallel.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -40,7 +40,8 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver starts");
-        let profile = std::env::temp_dir().join(format!("outbox-chromium-{}", uuid::Uuid::new_v4()));
+        let profile =
+            std::env::temp_dir().join(format!("outbox-chromium-{}", uuid::Uuid::new_v4()));
         // The flags keep Chromium off the network it would call at start (this machine's is
         // closed), and fit it to a container (no sandbox as root, no GPU, a small /dev/shm).
         let options = serde_json::json!({

@@ -33,7 +33,9 @@
 //!
 //! # The JSON API
 //! The shapes are those of `outbox ... --json`.
-//! - `GET /api/overview`: `outbox status` and `published_last_hour`, `published_per_minute`.
+//! - `GET /api/overview`: `outbox status`, `delivered_last_hour`, and `activity`: the minutes of
+//!   the last day in which a relay ran (`minute`, `delivered`, `pending`, `dead`,
+//!   `oldest_pending_age_secs`), as the relays recorded them in `outbox.activity`.
 //! - `GET /api/relays`, `GET /api/events/{id}`.
 //! - `GET /api/dead?aggregate_type=&event_type=&error=&newer_than=&older_than=&after=`:
 //!   `{"count": int, "events": [..50], "next_after": id|null}`.

@@ -1,56 +1,70 @@
 //! The overview's reading, which the page and the API both serve.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::pauses::PausedType;
 use crate::relays::RelayStatus;
-use crate::{store, Error, OutboxStats, TypeStats};
+use crate::store::{self, ActivityRow};
+use crate::{Error, OutboxStats, TypeStats};
 
-/// The outbox at one moment: `outbox status`, and what was published over the last hour.
+/// The outbox at one moment: `outbox status`, and what the relays did over the last day.
 #[derive(Serialize)]
 pub(super) struct Reading {
     #[serde(flatten)]
     pub(super) stats: OutboxStats,
-    pub(super) published_last_hour: i64,
-    #[serde(rename = "published_per_minute", serialize_with = "per_minute")]
-    pub(super) per_minute: Vec<(DateTime<Utc>, i64)>,
+    /// Events the relays delivered in the last hour.
+    pub(super) delivered_last_hour: i64,
     pub(super) by_type: Vec<TypeStats>,
     pub(super) relays: Vec<RelayStatus>,
     pub(super) paused: Vec<PausedType>,
+    /// The minutes of the last day in which a relay ran, oldest first.
+    pub(super) activity: Vec<Minute>,
+}
+
+/// One minute of the relays' activity.
+#[derive(Serialize)]
+pub(super) struct Minute {
+    #[serde(serialize_with = "crate::serialize::instant")]
+    pub(super) minute: DateTime<Utc>,
+    pub(super) delivered: i64,
+    pub(super) pending: Option<i64>,
+    pub(super) dead: Option<i64>,
+    pub(super) oldest_pending_age_secs: Option<f64>,
 }
 
 pub(super) async fn read(pool: &PgPool, now: DateTime<Utc>) -> Result<Reading, Error> {
-    let hour_ago = now - chrono::Duration::hours(1);
-    let per_minute = async { Ok::<_, Error>(store::published_per_minute(pool, hour_ago).await?) };
-    let (by_type, relays, paused, per_minute) = tokio::try_join!(
+    let activity = async { Ok::<_, Error>(store::activity(pool, now - Duration::days(1)).await?) };
+    let (by_type, relays, paused, activity) = tokio::try_join!(
         crate::stats_by_type(pool),
         crate::relays::relays(pool),
         crate::pauses::paused(pool),
-        per_minute,
+        activity,
     )?;
+    let hour_ago = now - Duration::hours(1);
     Ok(Reading {
         stats: OutboxStats::total(&by_type),
-        published_last_hour: per_minute.iter().map(|(_, count)| count).sum(),
-        per_minute,
+        delivered_last_hour: activity
+            .iter()
+            .filter(|row| row.minute > hour_ago)
+            .map(|row| row.delivered)
+            .sum(),
         by_type,
         relays,
         paused,
+        activity: activity.into_iter().map(Minute::from).collect(),
     })
 }
 
-/// `[{"minute": instant, "published": int}]`.
-fn per_minute<S: serde::Serializer>(
-    minutes: &[(DateTime<Utc>, i64)],
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct Minute {
-        #[serde(serialize_with = "crate::serialize::instant")]
-        minute: DateTime<Utc>,
-        published: i64,
+impl From<ActivityRow> for Minute {
+    fn from(row: ActivityRow) -> Self {
+        Minute {
+            minute: row.minute,
+            delivered: row.delivered,
+            pending: row.pending,
+            dead: row.dead,
+            oldest_pending_age_secs: row.oldest_pending_age_secs,
+        }
     }
-    let minutes = minutes.iter().map(|&(minute, published)| Minute { minute, published });
-    serializer.collect_seq(minutes)
 }

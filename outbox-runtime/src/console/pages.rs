@@ -3,16 +3,17 @@
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
-use chrono::Utc;
+use chrono::{DateTime, Duration, Utc};
 use maud::{html, Markup};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::auth;
+use super::chart::Window;
 use super::extract::{Action, Page};
+use super::overview;
 use super::problem::Problem;
 use super::views::{self, age, count, instant, layout, Section};
-use super::{chart, overview};
 use crate::events::{self, EventState};
 use crate::relays::RelayStatus;
 
@@ -28,7 +29,7 @@ pub(super) async fn overview(
         section.cards {
             div.card { span.label { "Pending" } span.value #pending { (count(stats.pending)) } }
             div.card { span.label { "Dead" } span.value #dead { a href=(page.link("/dead")) { (count(stats.dead)) } } }
-            div.card { span.label { "Published, last hour" } span.value #published { (count(reading.published_last_hour)) } }
+            div.card { span.label { "Delivered, last hour" } span.value #delivered { (count(reading.delivered_last_hour)) } }
             div.card { span.label { "Lag" } span.value #lag { (stats.oldest_pending_age.map_or("none".to_owned(), age)) } }
             div.card {
                 span.label { "Relays" }
@@ -36,8 +37,7 @@ pub(super) async fn overview(
                 @if silent > 0 { span.warning { (silent) " silent" } }
             }
         }
-        h2 { "Published per minute" }
-        (chart::per_minute(&reading.per_minute, now, 60, "events published per minute, last hour"))
+        (charts(&reading.activity, now))
         @if !reading.paused.is_empty() {
             p.warning {
                 "Paused: "
@@ -74,6 +74,35 @@ pub(super) async fn overview(
         p.muted { "Read at " (instant(&now)) ". Reload for a new reading." }
     };
     Ok(layout(&page, Section::Overview, "Overview", body))
+}
+
+/// Deliveries and lag over the last hour (per minute) and day (per 15 minutes), as the relays
+/// recorded them.
+fn charts(activity: &[overview::Minute], now: DateTime<Utc>) -> Markup {
+    let delivered = || activity.iter().map(|m| (m.minute, m.delivered as f64));
+    // A reading with nothing pending is a lag of zero; a minute without a reading is no data.
+    let lag = || {
+        activity
+            .iter()
+            .filter(|m| m.pending.is_some())
+            .map(|m| (m.minute, m.oldest_pending_age_secs.unwrap_or(0.0)))
+    };
+    let sum = |a: f64, b: f64| a + b;
+    let show_count = |value: f64| count(value as i64);
+    let show_age = |value: f64| age(std::time::Duration::from_secs_f64(value.max(0.0)));
+    let hour = Window::ending(now, Duration::minutes(1), 60);
+    let day = Window::ending(now, Duration::minutes(15), 96);
+    html! {
+        @if activity.is_empty() {
+            p.muted { "No relay recorded its activity in the last day: the charts fill as relays of this version run." }
+        }
+        section.charts {
+            div { h2 { "Delivered per minute, last hour" } (hour.bars(&hour.collect(delivered(), sum), "events delivered per minute", show_count)) }
+            div { h2 { "Lag, last hour" } (hour.bars(&hour.collect(lag(), f64::max), "age of the oldest pending event", show_age)) }
+            div { h2 { "Delivered per 15 minutes, last day" } (day.bars(&day.collect(delivered(), sum), "events delivered per 15 minutes", show_count)) }
+            div { h2 { "Lag, last day" } (day.bars(&day.collect(lag(), f64::max), "highest lag per 15 minutes", show_age)) }
+        }
+    }
 }
 
 pub(super) async fn relays(

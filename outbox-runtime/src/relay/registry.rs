@@ -41,6 +41,7 @@ pub(crate) async fn keep_registered(
         warn(&error.into(), "cannot remove the entries of relays silent for a day");
     }
     let mut beats = tokio::time::interval(HEARTBEAT_INTERVAL);
+    let (mut counted, mut activity_failing) = (0, false);
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -49,12 +50,38 @@ pub(crate) async fn keep_registered(
                 if let Err(error) = store::heartbeat(&pool, &entry, held.get(), delivered).await {
                     warn(&error.into(), "cannot write its heartbeat to outbox.relays");
                 }
+                match record_activity(&pool, delivered - counted).await {
+                    Ok(()) => (counted, activity_failing) = (delivered, false),
+                    // Once per run of failures: a missing grant would fail every heartbeat.
+                    Err(error) if !activity_failing => {
+                        activity_failing = true;
+                        tracing::warn!(
+                            error = %ErrorChain(&error),
+                            "outbox relay cannot record its activity in outbox.activity; delivery \
+                             goes on, and the console's charts miss what this relay delivers until \
+                             it can (if permission is denied, grant the relay's role SELECT, \
+                             INSERT, UPDATE, DELETE on outbox.activity: docs/least-privilege.sql)"
+                        );
+                    }
+                    Err(_) => {}
+                }
             }
         }
     }
     if let Err(error) = store::withdraw(&pool, entry.relay_id).await {
         warn(&error.into(), "cannot remove its entry from outbox.relays");
     }
+}
+
+/// Adds the deliveries since the last heartbeat to the minute's row, and takes the minute's
+/// reading if no relay has yet.
+async fn record_activity(pool: &PgPool, delivered: u64) -> Result<(), Error> {
+    if store::add_delivered(pool, delivered).await? {
+        let stats = crate::stats(pool).await?;
+        let age = stats.oldest_pending_age.map(|age| age.as_secs_f64());
+        store::record_reading(pool, stats.pending, stats.dead, age).await?;
+    }
+    Ok(())
 }
 
 fn warn(error: &Error, what: &str) {

@@ -12,9 +12,8 @@ use sqlx::postgres::PgArguments;
 use sqlx::Postgres;
 
 mod ack;
+mod activity;
 mod emit;
-#[cfg(feature = "console")]
-mod history;
 mod lease;
 mod lookup;
 mod ops;
@@ -30,9 +29,10 @@ pub(crate) use ack::{
     fail, fail_held, publish, publish_held, publish_in, release, renew, snooze, snooze_held,
     still_leased, Failures, OnPublish, Snoozes,
 };
+#[cfg_attr(not(feature = "console"), allow(unused_imports))]
+pub(crate) use activity::{activity, ActivityRow};
+pub(crate) use activity::{add_delivered, record_reading};
 pub(crate) use emit::{event_for_key, insert_events, Available, InsertShared, NewEvents};
-#[cfg(feature = "console")]
-pub(crate) use history::published_per_minute;
 pub(crate) use lease::{
     hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
     RowAddress, Scan, TypeVersions, RELAY_SESSION,
@@ -157,8 +157,7 @@ mod tests {
             handles: vec!["order/order.placed".to_owned()],
             forwards: None,
         };
-        #[cfg_attr(not(feature = "console"), allow(unused_mut))]
-        let mut statements = vec![
+        let statements = [
             ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
             ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
             ("lease from", parameters(lease::lease_query(&all, from, 10, nil, held))),
@@ -209,13 +208,14 @@ mod tests {
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
             ("withdraw", parameters(relays::withdraw_query(Uuid::nil()))),
             ("relays", parameters(relays::relays_query())),
+            ("add delivered", parameters(activity::add_delivered_query(1))),
+            ("record reading", parameters(activity::record_reading_query(1, 1, None))),
+            ("activity", parameters(activity::activity_query(at))),
             ("migrate lock", parameters(schema::migrate_lock_query())),
             ("find schema", parameters(schema::find_schema_query())),
             ("applied outbox", parameters(schema::applied_query(History::Outbox))),
             ("applied search path", parameters(schema::applied_query(History::SearchPath))),
         ];
-        #[cfg(feature = "console")]
-        statements.push(("per minute", parameters(history::published_per_minute_query(at))));
         for (name, (named, bound)) in statements {
             assert_eq!(named, bound, "`{name}` names ${named} but binds {bound} values");
         }
