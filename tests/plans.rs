@@ -9,7 +9,8 @@
 
 mod support;
 
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgPool};
+use support::plans::*;
 use support::*;
 use uuid::Uuid;
 
@@ -21,74 +22,6 @@ const PENDING: i64 = 20_000;
 const HELD: usize = 200;
 /// Index entries (or heap rows) a statement may read per row it touches.
 const READS_PER_ROW: i64 = 4;
-
-/// Rows read by every scan of a JSON plan (returned, or read and filtered out), times loops.
-fn rows_read(node: &serde_json::Value) -> i64 {
-    let kind = node["Node Type"].as_str().unwrap_or_default();
-    let own = if kind.contains("Scan") && kind != "CTE Scan" && kind != "Function Scan" {
-        let loops = node["Actual Loops"].as_i64().unwrap_or(1);
-        let rows = node["Actual Rows"].as_i64().unwrap_or(0)
-            + node["Rows Removed by Filter"].as_i64().unwrap_or(0)
-            + node["Rows Removed by Index Recheck"].as_i64().unwrap_or(0);
-        rows * loops
-    } else {
-        0
-    };
-    own + node["Plans"].as_array().map_or(0, |children| children.iter().map(rows_read).sum())
-}
-
-/// Rows a statement returned, or for a modification without `RETURNING`, modified.
-fn touched(root: &serde_json::Value) -> i64 {
-    let returned = root["Actual Rows"].as_i64().unwrap_or(0);
-    if root["Node Type"] != "ModifyTable" || returned > 0 {
-        return returned;
-    }
-    let children = root["Plans"].as_array().into_iter().flatten();
-    children
-        .filter(|child| child["Parent Relationship"] == "Outer")
-        .map(|child| child["Actual Rows"].as_i64().unwrap_or(0))
-        .sum()
-}
-
-/// Whether any node of a JSON plan is a sequential scan.
-fn has_seq_scan(node: &serde_json::Value) -> bool {
-    node["Node Type"] == "Seq Scan"
-        || node["Plans"].as_array().is_some_and(|children| children.iter().any(has_seq_scan))
-}
-
-/// One relay statement: its name, SQL, parameter types, and the rows it should touch.
-struct Statement {
-    name: &'static str,
-    sql: &'static str,
-    parameters: &'static str,
-    /// Arguments for the run on the empty outbox, and for the measured run.
-    first: String,
-    measured: String,
-    touches: i64,
-    /// Run inside a transaction that first sets this (as `publish_in` does).
-    local: Option<&'static str>,
-}
-
-/// A Postgres array literal of uuids.
-fn uuids(ids: &[Uuid]) -> String {
-    let items: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    format!("'{{{}}}'", items.join(","))
-}
-
-async fn explain(conn: &mut PgConnection, statement: &Statement) -> serde_json::Value {
-    let mut tx = conn.begin().await.unwrap();
-    if let Some(setting) = statement.local {
-        sqlx::raw_sql(setting).execute(&mut *tx).await.unwrap();
-    }
-    let sql = format!(
-        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({})",
-        statement.name, statement.measured
-    );
-    let plan: serde_json::Value =
-        sqlx::query_scalar(sqlx::static_sql(sql)).fetch_one(&mut *tx).await.unwrap();
-    tx.rollback().await.unwrap();
-    plan
-}
 
 #[sqlx::test(migrations = false)]
 async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an_empty_outbox(

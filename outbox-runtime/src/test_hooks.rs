@@ -52,6 +52,27 @@ pub const HELD_FAIL: &str = crate::store::HELD_FAIL;
 pub const HELD_SNOOZE: &str = crate::store::HELD_SNOOZE;
 /// Retention: `$1` age in micros, `$2` most rows.
 pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
+/// What the operations' transactions set before their statements.
+pub const INDEXES_ONLY: &str = crate::store::INDEXES_ONLY;
+/// `stats_by_type`: no parameters.
+pub const STATS: &str = crate::store::STATS;
+/// A page of dead letters, `[by time range, by event id]`: `$1` aggregate type, `$2` event
+/// type, `$3` event id, `$4` error text, `$5` died since, `$6` died before, `$7` after this id,
+/// `$8` rows.
+pub const DEAD: [&str; 2] = crate::store::DEAD;
+/// How many dead letters match, `[by time range, by event id]`: `$1..$6` as [`DEAD`].
+pub const COUNT_DEAD: [&str; 2] = crate::store::COUNT_DEAD;
+/// Requeues dead letters, `[by time range, by event id]`: `$1..$6` as [`DEAD`].
+pub const REQUEUE: [&str; 2] = crate::store::REQUEUE;
+/// Discards dead letters, `[by time range, by event id]`: `$1..$6` as [`DEAD`].
+pub const DISCARD: [&str; 2] = crate::store::DISCARD;
+/// An event by id: `$1`.
+pub const EVENT: &str = crate::store::EVENT;
+/// The relays' activity since `$1`.
+pub const ACTIVITY: &str = crate::store::ACTIVITY;
+/// Published rows of a type in a time range (replay's count): `$1` aggregate type, `$2` event
+/// type, `$3` from, `$4` until.
+pub const COUNT_PUBLISHED: &str = crate::store::COUNT_PUBLISHED;
 
 /// The relays' shared reading for their gauges, at most `max_age` old: `None` while another
 /// caller takes it.

@@ -9,6 +9,7 @@ pub mod forwarding;
 pub mod kafka;
 pub mod nats;
 pub mod pgbouncer;
+pub mod plans;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;

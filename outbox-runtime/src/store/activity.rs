@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::{Query, Rows, Scalar};
+use super::{indexes_only, Query, Rows, Scalar};
 
 /// Adds `delivered` to the current minute's row; returns whether the minute still lacks its
 /// reading (the caller then takes it).
@@ -67,13 +67,17 @@ pub(crate) async fn activity(
     pool: &PgPool,
     since: DateTime<Utc>,
 ) -> Result<Vec<ActivityRow>, sqlx::Error> {
-    activity_query(since).fetch_all(pool).await
+    let mut tx = indexes_only(pool).await?;
+    let minutes = activity_query(since).fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(minutes)
 }
 
+/// The minutes since `$1`.
+pub(crate) const ACTIVITY: &str =
+    "SELECT minute, delivered, pending, dead, oldest_pending_age_secs \
+     FROM outbox.activity WHERE minute >= $1 ORDER BY minute";
+
 pub(super) fn activity_query<'q>(since: DateTime<Utc>) -> Rows<'q, ActivityRow> {
-    sqlx::query_as(
-        "SELECT minute, delivered, pending, dead, oldest_pending_age_secs \
-         FROM outbox.activity WHERE minute >= $1 ORDER BY minute",
-    )
-    .bind(since)
+    sqlx::query_as(ACTIVITY).bind(since)
 }

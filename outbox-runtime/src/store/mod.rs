@@ -61,6 +61,15 @@ pub(crate) use {
     lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
 };
+/// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
+/// whose plans the tests check too.
+#[cfg(feature = "test-hooks")]
+pub(crate) use {
+    activity::ACTIVITY,
+    lookup::EVENT,
+    ops::{COUNT_DEAD, DEAD, DISCARD, REQUEUE, STATS},
+    replay::COUNT_PUBLISHED,
+};
 
 /// A statement with its parameters bound.
 type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
@@ -68,6 +77,23 @@ type Query<'q> = sqlx::query::Query<'q, Postgres, PgArguments>;
 type Scalar<'q, T> = sqlx::query::QueryScalar<'q, Postgres, T, PgArguments>;
 /// A statement returning rows of `T`.
 type Rows<'q, T> = sqlx::query::QueryAs<'q, Postgres, T, PgArguments>;
+
+/// A transaction in which the planner uses no sequential scan, for the operations' statements
+/// (status, dead letters, lookups, the console). They run on the application's pool, whose
+/// connections keep a statement's plan, and a plan made while the outbox was empty, as a healthy
+/// outbox often is, finds a sequential scan free; the relay's own sessions rule them out the same
+/// way (`RELAY_SESSION`). tests/console_plans.rs checks every such statement.
+pub(super) async fn indexes_only(
+    pool: &sqlx::PgPool,
+) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(INDEXES_ONLY).execute(&mut *tx).await?;
+    Ok(tx)
+}
+
+/// What [`indexes_only`] sets.
+#[cfg_attr(not(feature = "test-hooks"), allow(unreachable_pub))]
+pub(crate) const INDEXES_ONLY: &str = "SET LOCAL enable_seqscan = off";
 
 /// The channel the insert trigger notifies; relays LISTEN on it.
 pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
@@ -138,6 +164,7 @@ mod tests {
             dead_after: None,
             dead_before: None,
         };
+        let one = DeadSelection { event_id: Some(Uuid::nil()), ..selection };
         let mut rows = NewEvents::default();
         const PLACED: EventType = EventType::new("order.placed", 1, 1, false);
         rows.push(Uuid::nil(), &PLACED, "1".to_owned(), "{}".to_owned());
@@ -189,6 +216,10 @@ mod tests {
             ("count lock", parameters(ops::count_lock_query())),
             ("take reading", parameters(ops::take_reading_query())),
             ("dead", parameters(ops::dead_query(&selection, None, 10))),
+            ("dead one", parameters(ops::dead_query(&one, None, 10))),
+            ("count dead one", parameters(ops::count_dead_query(&one))),
+            ("requeue one", parameters(ops::requeue_query(&one))),
+            ("discard one", parameters(ops::discard_query(&one))),
             ("requeue", parameters(ops::requeue_query(&selection))),
             ("count dead", parameters(ops::count_dead_query(&selection))),
             ("notify", parameters(ops::notify_query())),

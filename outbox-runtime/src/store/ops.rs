@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{micros, Query, Rows, Scalar, NOTIFY_CHANNEL};
+use super::{indexes_only, micros, Query, Rows, Scalar, NOTIFY_CHANNEL};
 
 /// A dead row as stored; the public [`crate::dead_letters::DeadEvent`] is made from it.
 #[derive(Debug, sqlx::FromRow)]
@@ -48,21 +48,27 @@ macro_rules! counts_by_type {
 
 /// Counts pending and dead rows per type and version now (see [`counts_by_type!`]).
 pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx::Error> {
-    stats_query().fetch_all(pool).await
+    let mut tx = indexes_only(pool).await?;
+    let counts = stats_query().fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(counts)
 }
 
 /// `(aggregate_type, event_type, event_version, pending, dead, age of the oldest pending in
 /// seconds)`.
 pub(crate) type TypeCounts = (String, String, i32, i64, i64, Option<f64>);
 
+/// Pending and dead rows per type and version, with their oldest pending row's age.
+pub(crate) const STATS: &str = concat!(
+    "SELECT aggregate_type, event_type, event_version, pending, dead, \
+            extract(epoch FROM now() - oldest_pending)::float8 \
+     FROM (",
+    counts_by_type!(),
+    ") AS counts ORDER BY aggregate_type, event_type, event_version"
+);
+
 pub(super) fn stats_query<'q>() -> Rows<'q, TypeCounts> {
-    sqlx::query_as(concat!(
-        "SELECT aggregate_type, event_type, event_version, pending, dead, \
-                extract(epoch FROM now() - oldest_pending)::float8 \
-         FROM (",
-        counts_by_type!(),
-        ") AS counts ORDER BY aggregate_type, event_type, event_version"
-    ))
+    sqlx::query_as(STATS)
 }
 
 /// One type's counts as a stored reading keeps them (the row of [`counts_by_type!`]).
@@ -156,17 +162,52 @@ pub(crate) struct DeadSelection<'a> {
     pub(crate) dead_before: Option<DateTime<Utc>>,
 }
 
-/// The dead rows matching `$1..$6` (see [`DeadSelection`]), on the `events_dead` index.
+/// The dead rows matching `$1..$6` (see [`DeadSelection`]), in two forms so that every plan is
+/// index-driven whatever the statistics and the parameters: one event by its id (`one`, the
+/// primary key), or a range of `dead_at` (`range`, the `events_dead` index, all of it when no
+/// bound is given); the other fields filter what the index finds.
 macro_rules! dead_rows {
-    () => {
-        "dead_at IS NOT NULL \
-         AND ($1::text IS NULL OR aggregate_type = $1) \
-         AND ($2::text IS NULL OR event_type = $2) \
-         AND ($3::uuid IS NULL OR event_id = $3) \
-         AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
-         AND ($5::timestamptz IS NULL OR dead_at >= $5) \
-         AND ($6::timestamptz IS NULL OR dead_at < $6)"
+    // `IS TRUE`: a test the planner cannot prove the `events_dead` index's predicate from, so
+    // the one row is found by the primary key rather than by a walk of every dead letter.
+    (one) => {
+        concat!(
+            "event_id = $3 AND (dead_at IS NOT NULL) IS TRUE \
+                 AND ($5::timestamptz IS NULL OR dead_at >= $5) \
+                 AND ($6::timestamptz IS NULL OR dead_at < $6) AND ",
+            dead_rows!(filters)
+        )
     };
+    (range) => {
+        concat!(
+            "dead_at >= coalesce($5::timestamptz, '-infinity') \
+                 AND dead_at < coalesce($6::timestamptz, 'infinity') \
+                 AND $3::uuid IS NULL AND ",
+            dead_rows!(filters)
+        )
+    };
+    (filters) => {
+        "($1::text IS NULL OR aggregate_type = $1) \
+         AND ($2::text IS NULL OR event_type = $2) \
+         AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0)"
+    };
+}
+
+/// A statement on the dead rows of a selection, in both forms of [`dead_rows!`]: `[range, one]`.
+macro_rules! on_dead_rows {
+    ($head:expr, $tail:expr) => {
+        [concat!($head, dead_rows!(range), $tail), concat!($head, dead_rows!(one), $tail)]
+    };
+}
+
+impl DeadSelection<'_> {
+    /// The form of a statement for this selection.
+    fn form(&self, [range, one]: [&'static str; 2]) -> &'static str {
+        if self.event_id.is_some() {
+            one
+        } else {
+            range
+        }
+    }
 }
 
 /// Binds a [`DeadSelection`] as `$1..$6`, for [`dead_rows!`].
@@ -189,21 +230,30 @@ pub(crate) async fn dead(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, sqlx::Error> {
-    dead_query(selection, after, limit).fetch_all(pool).await
+    let mut tx = indexes_only(pool).await?;
+    let rows = dead_query(selection, after, limit).fetch_all(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(rows)
 }
+
+/// One page of dead rows (`$7`: after this id, `$8`: how many). The matching rows are read
+/// first, on the index of their form, then sorted: a walk of the primary key in id order would
+/// read the whole history to find a few dead rows.
+pub(crate) const DEAD: [&str; 2] = on_dead_rows!(
+    "WITH matching AS MATERIALIZED ( \
+         SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
+                headers, created_at, dead_at, attempts, expired_leases, last_error \
+         FROM outbox.events WHERE ",
+    " AND ($7::uuid IS NULL OR event_id > $7)) \
+     SELECT * FROM matching ORDER BY event_id LIMIT $8"
+);
 
 pub(super) fn dead_query<'q>(
     selection: &DeadSelection<'q>,
     after: Option<Uuid>,
     limit: i64,
 ) -> Rows<'q, DeadRow> {
-    let query = sqlx::query_as(concat!(
-        "SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
-                headers, created_at, dead_at, attempts, expired_leases, last_error \
-         FROM outbox.events WHERE ",
-        dead_rows!(),
-        " AND ($7::uuid IS NULL OR event_id > $7) ORDER BY event_id LIMIT $8"
-    ));
+    let query = sqlx::query_as(selection.form(DEAD));
     bind_selection!(query, selection).bind(after).bind(limit)
 }
 
@@ -212,12 +262,18 @@ pub(crate) async fn count_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<i64, sqlx::Error> {
-    count_dead_query(selection).fetch_one(pool).await
+    let mut tx = indexes_only(pool).await?;
+    let count = count_dead_query(selection).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(count)
 }
 
+/// How many dead rows match.
+pub(crate) const COUNT_DEAD: [&str; 2] =
+    on_dead_rows!("SELECT count(*) FROM outbox.events WHERE ", "");
+
 pub(super) fn count_dead_query<'q>(selection: &DeadSelection<'q>) -> Scalar<'q, i64> {
-    let query =
-        sqlx::query_scalar(concat!("SELECT count(*) FROM outbox.events WHERE ", dead_rows!()));
+    let query = sqlx::query_scalar(selection.form(COUNT_DEAD));
     bind_selection!(query, selection)
 }
 
@@ -233,7 +289,7 @@ pub(crate) async fn requeue_dead(
 /// Runs `query`, which gives relays rows to lease (requeue, resume, replay), and wakes them in
 /// the same transaction if it changed any (the NOTIFY goes out at commit); returns how many.
 pub(super) async fn run_and_wake(pool: &PgPool, query: Query<'_>) -> Result<u64, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = indexes_only(pool).await?;
     let changed = query.execute(&mut *tx).await?.rows_affected();
     if changed > 0 {
         notify_query().execute(&mut *tx).await?;
@@ -242,14 +298,17 @@ pub(super) async fn run_and_wake(pool: &PgPool, query: Query<'_>) -> Result<u64,
     Ok(changed)
 }
 
+/// Makes the matching dead rows pending again.
+pub(crate) const REQUEUE: [&str; 2] = on_dead_rows!(
+    "UPDATE outbox.events \
+     SET dead_at = NULL, attempts = 0, expired_leases = 0, lease_token = NULL, \
+         available_at = now() \
+     WHERE ",
+    ""
+);
+
 pub(super) fn requeue_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
-    let query = sqlx::query(concat!(
-        "UPDATE outbox.events \
-         SET dead_at = NULL, attempts = 0, expired_leases = 0, lease_token = NULL, \
-             available_at = now() \
-         WHERE ",
-        dead_rows!()
-    ));
+    let query = sqlx::query(selection.form(REQUEUE));
     bind_selection!(query, selection)
 }
 
@@ -263,11 +322,17 @@ pub(crate) async fn discard_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<u64, sqlx::Error> {
-    Ok(discard_query(selection).execute(pool).await?.rows_affected())
+    let mut tx = indexes_only(pool).await?;
+    let discarded = discard_query(selection).execute(&mut *tx).await?.rows_affected();
+    tx.commit().await?;
+    Ok(discarded)
 }
 
+/// Deletes the matching dead rows.
+pub(crate) const DISCARD: [&str; 2] = on_dead_rows!("DELETE FROM outbox.events WHERE ", "");
+
 pub(super) fn discard_query<'q>(selection: &DeadSelection<'q>) -> Query<'q> {
-    let query = sqlx::query(concat!("DELETE FROM outbox.events WHERE ", dead_rows!()));
+    let query = sqlx::query(selection.form(DISCARD));
     bind_selection!(query, selection)
 }
 

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::ops::run_and_wake;
-use super::{Query, Scalar};
+use super::{indexes_only, Query, Scalar};
 
 /// The published rows of one type published in `[$3, $4)`, on the `published_at` index.
 macro_rules! published_rows {
@@ -22,8 +22,15 @@ pub(crate) async fn count_published(
     from: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<i64, sqlx::Error> {
-    count_query(aggregate_type, event_type, from, until).fetch_one(pool).await
+    let mut tx = indexes_only(pool).await?;
+    let count = count_query(aggregate_type, event_type, from, until).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(count)
 }
+
+/// How many published rows [`replay`] would make pending.
+pub(crate) const COUNT_PUBLISHED: &str =
+    concat!("SELECT count(*) FROM outbox.events WHERE ", published_rows!());
 
 pub(super) fn count_query<'q>(
     aggregate_type: &'q str,
@@ -31,11 +38,7 @@ pub(super) fn count_query<'q>(
     from: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Scalar<'q, i64> {
-    sqlx::query_scalar(concat!("SELECT count(*) FROM outbox.events WHERE ", published_rows!()))
-        .bind(aggregate_type)
-        .bind(event_type)
-        .bind(from)
-        .bind(until)
+    sqlx::query_scalar(COUNT_PUBLISHED).bind(aggregate_type).bind(event_type).bind(from).bind(until)
 }
 
 /// Makes those rows pending again (attempts reset, available now, `last_error` kept) and wakes
