@@ -87,6 +87,41 @@ pub async fn get(pool: &PgPool, event_id: Uuid) -> Result<Option<EventRecord>, E
     Ok(store::event(pool, event_id).await?.map(EventRecord::from))
 }
 
+/// An aggregate's events in the order they were emitted, from [`of_aggregate`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct AggregateEvents {
+    /// The events, oldest first.
+    pub events: Vec<EventRecord>,
+    /// Every event the table holds (the database has the index [`AGGREGATE_INDEX`]); `false`:
+    /// only the undelivered events of ordered types, what holds the aggregate back.
+    pub complete: bool,
+}
+
+/// The name of the index that lets [`of_aggregate`] read an aggregate's whole history. The
+/// migrations do not create it, since every emit would pay for it; create it if you look
+/// aggregates up:
+///
+/// ```sql
+/// CREATE INDEX CONCURRENTLY events_by_aggregate
+///     ON outbox.events (aggregate_type, aggregate_id, seq);
+/// ```
+pub const AGGREGATE_INDEX: &str = store::AGGREGATE_INDEX;
+
+/// Up to `limit` events of one aggregate in the order they were emitted: all it holds with the
+/// index [`AGGREGATE_INDEX`], else its undelivered ordered events (on the index the relays
+/// keep for ordering). Either way one index range, whatever the table's size.
+pub async fn of_aggregate(
+    pool: &PgPool,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    limit: u32,
+) -> Result<AggregateEvents, Error> {
+    let (rows, complete) =
+        store::aggregate_events(pool, aggregate_type, aggregate_id, i64::from(limit)).await?;
+    Ok(AggregateEvents { events: rows.into_iter().map(EventRecord::from).collect(), complete })
+}
+
 impl From<EventRow> for EventRecord {
     fn from(row: EventRow) -> Self {
         let state = if row.dead_at.is_some() {

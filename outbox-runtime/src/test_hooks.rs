@@ -68,11 +68,17 @@ pub const REQUEUE: [&str; 2] = crate::store::REQUEUE;
 pub const DISCARD: [&str; 2] = crate::store::DISCARD;
 /// An event by id: `$1`.
 pub const EVENT: &str = crate::store::EVENT;
+/// An aggregate's undelivered ordered events: `$1` aggregate type, `$2` id, `$3` rows.
+pub const AGGREGATE_UNDELIVERED: &str = crate::store::AGGREGATE_UNDELIVERED;
+/// An aggregate's events, on the optional index: `$1..$3` as [`AGGREGATE_UNDELIVERED`].
+pub const AGGREGATE_ALL: &str = crate::store::AGGREGATE_ALL;
 /// The relays' activity since `$1`.
 pub const ACTIVITY: &str = crate::store::ACTIVITY;
 /// Published rows of a type in a time range (replay's count): `$1` aggregate type, `$2` event
 /// type, `$3` from, `$4` until.
 pub const COUNT_PUBLISHED: &str = crate::store::COUNT_PUBLISHED;
+/// Replays them: `$1..$4` as [`COUNT_PUBLISHED`].
+pub const REPLAY: &str = crate::store::REPLAY;
 
 /// The relays' shared reading for their gauges, at most `max_age` old: `None` while another
 /// caller takes it.

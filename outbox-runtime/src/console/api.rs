@@ -35,6 +35,21 @@ pub(super) async fn event(State(console): State<super::State>, Path(id): Path<St
 }
 
 #[derive(Deserialize)]
+pub(super) struct AggregateQuery {
+    aggregate_type: String,
+    aggregate_id: String,
+}
+
+pub(super) async fn aggregate(
+    State(console): State<super::State>,
+    Query(query): Query<AggregateQuery>,
+) -> Answer {
+    let (pool, aggregate_type, aggregate_id) =
+        (&console.pool, &query.aggregate_type, &query.aggregate_id);
+    Ok(Json(json!(events::of_aggregate(pool, aggregate_type, aggregate_id, 200).await?)))
+}
+
+#[derive(Deserialize)]
 pub(super) struct DeadPage {
     #[serde(flatten)]
     query: DeadQuery,

@@ -37,6 +37,8 @@
 //!   the last day in which a relay ran (`minute`, `delivered`, `pending`, `dead`,
 //!   `oldest_pending_age_secs`), as the relays recorded them in `outbox.activity`.
 //! - `GET /api/relays`, `GET /api/events/{id}`.
+//! - `GET /api/aggregate?aggregate_type=&aggregate_id=`: `{"events": [..200], "complete": bool}`
+//!   (see [`events::of_aggregate`](crate::events::of_aggregate)).
 //! - `GET /api/dead?aggregate_type=&event_type=&error=&newer_than=&older_than=&after=`:
 //!   `{"count": int, "events": [..50], "next_after": id|null}`.
 //! - `POST /api/dead/requeue`, `POST /api/dead/discard` with the same filter as a JSON object
@@ -112,6 +114,7 @@ impl Console {
             .route("/relays", get(pages::relays))
             .route("/events", get(pages::find_event))
             .route("/events/{id}", get(pages::event))
+            .route("/aggregate", get(pages::aggregate))
             .route("/dead", get(actions::dead))
             .route("/dead/confirm", get(actions::confirm_dead))
             .route("/control", get(actions::control))
@@ -122,6 +125,7 @@ impl Console {
             .route("/api/overview", get(api::overview))
             .route("/api/relays", get(api::relays))
             .route("/api/events/{id}", get(api::event))
+            .route("/api/aggregate", get(api::aggregate))
             .route("/api/dead", get(api::dead));
         if !read_only {
             router = router

@@ -170,6 +170,12 @@ pub(super) async fn find_event(page: Page, Query(find): Query<FindEvent>) -> Res
             button type="submit" { "Look up" }
         }
         p.muted { "Any event the table still holds, whatever its state. Published events are kept until purged; with delete_on_publish they are gone once delivered." }
+        h2 { "An aggregate's events" }
+        form.inline method="get" action=(page.link("/aggregate")) {
+            label { "Aggregate type " input type="text" name="aggregate_type" required; }
+            label { "Aggregate id " input type="text" name="aggregate_id" required; }
+            button type="submit" { "List" }
+        }
     };
     layout(&page, Section::Events, "Find an event", body).into_response()
 }
@@ -187,18 +193,14 @@ pub(super) async fn event(
              discarded, or deleted on publish"
         )));
     };
-    let state = match event.state {
-        EventState::Pending => "pending",
-        EventState::Leased => "leased",
-        EventState::Waiting => "waiting",
-        EventState::Published => "published",
-        EventState::Dead => "dead",
-    };
     let body = html! {
         dl.fields #event {
-            dt { "State" } dd #state { span class={"state " (state)} { (state) } }
+            dt { "State" } dd #state { (state_badge(event.state)) }
             dt { "Type" } dd { (views::event_type(&event.aggregate_type, &event.event_type)) " version " (event.version) }
-            dt { "Aggregate id" } dd { code { (event.aggregate_id) } @if event.ordered { " (ordered)" } }
+            dt { "Aggregate id" } dd {
+                a href={(page.link("/aggregate")) "?aggregate_type=" (urlencode(&event.aggregate_type)) "&aggregate_id=" (urlencode(&event.aggregate_id))} { code { (event.aggregate_id) } }
+                @if event.ordered { " (ordered)" }
+            }
             @if let Some(key) = &event.idempotency_key { dt { "Idempotency key" } dd { code { (key) } } }
             dt { "Emitted" } dd { (instant(&event.created_at)) }
             dt { "Available" } dd { (instant(&event.available_at)) }
@@ -218,6 +220,67 @@ pub(super) async fn event(
         pre.json #headers { (pretty(&event.headers)) }
     };
     Ok(layout(&page, Section::Events, &format!("Event {id}"), body))
+}
+
+#[derive(Deserialize)]
+pub(super) struct AggregateQuery {
+    aggregate_type: String,
+    aggregate_id: String,
+}
+
+/// Events listed on an aggregate's page.
+const AGGREGATE_PAGE: u32 = 200;
+
+pub(super) async fn aggregate(
+    page: Page,
+    State(console): State<super::State>,
+    Query(query): Query<AggregateQuery>,
+) -> Result<Markup, Problem> {
+    let (aggregate_type, aggregate_id) = (query.aggregate_type.trim(), query.aggregate_id.trim());
+    let found =
+        events::of_aggregate(&console.pool, aggregate_type, aggregate_id, AGGREGATE_PAGE).await?;
+    let body = html! {
+        @if !found.complete {
+            p.muted #incomplete {
+                "Only the undelivered events of ordered types are shown: what holds the aggregate back. "
+                "For every event, create the index " code { (events::AGGREGATE_INDEX) } ": "
+                code { "CREATE INDEX CONCURRENTLY events_by_aggregate ON outbox.events (aggregate_type, aggregate_id, seq)" }
+                " (every emit then writes one more index entry)."
+            }
+        }
+        @if found.events.is_empty() {
+            p { "No event of this aggregate is shown." }
+        } @else {
+            table #aggregate {
+                thead { tr { th { "Event" } th { "Type" } th { "State" } th.n { "Attempts" } th { "Emitted" } th { "Last error" } } }
+                tbody {
+                    @for event in &found.events {
+                        tr {
+                            td { (views::event_link(&page, &event.event_id)) }
+                            td { code { (event.event_type) } " v" (event.version) @if event.ordered { " (ordered)" } }
+                            td { (state_badge(event.state)) }
+                            td.n { (event.attempts) }
+                            td { (instant(&event.created_at)) }
+                            td.error { (event.last_error.as_deref().unwrap_or_default()) }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let title = format!("Aggregate {aggregate_type} {aggregate_id}");
+    Ok(layout(&page, Section::Events, &title, body))
+}
+
+fn state_badge(state: EventState) -> Markup {
+    let name = match state {
+        EventState::Pending => "pending",
+        EventState::Leased => "leased",
+        EventState::Waiting => "waiting",
+        EventState::Published => "published",
+        EventState::Dead => "dead",
+    };
+    html! { span class={"state " (name)} { (name) } }
 }
 
 fn pretty(value: &serde_json::Value) -> String {

@@ -37,7 +37,7 @@ pub(crate) use lease::{
     hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
     RowAddress, Scan, TypeVersions, RELAY_SESSION,
 };
-pub(crate) use lookup::{event, EventRow};
+pub(crate) use lookup::{aggregate_events, event, EventRow, AGGREGATE_INDEX};
 pub(crate) use ops::DeadRow;
 pub(crate) use ops::{
     count_dead, dead, discard_dead, purge_published, requeue_dead, shared_stats_by_type,
@@ -66,9 +66,9 @@ pub(crate) use {
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
     activity::ACTIVITY,
-    lookup::EVENT,
+    lookup::{AGGREGATE_ALL, AGGREGATE_UNDELIVERED, EVENT},
     ops::{COUNT_DEAD, DEAD, DISCARD, REQUEUE, STATS},
-    replay::COUNT_PUBLISHED,
+    replay::{COUNT_PUBLISHED, REPLAY},
 };
 
 /// A statement with its parameters bound.
@@ -234,6 +234,14 @@ mod tests {
             ("resume", parameters(pauses::resume_query("order", "order.placed"))),
             ("paused", parameters(pauses::paused_query())),
             ("event", parameters(lookup::event_query(Uuid::nil()))),
+            (
+                "aggregate all",
+                parameters(lookup::aggregate_query(lookup::AGGREGATE_ALL, "o", "1", 1)),
+            ),
+            (
+                "aggregate undelivered",
+                parameters(lookup::aggregate_query(lookup::AGGREGATE_UNDELIVERED, "o", "1", 1)),
+            ),
             ("count published", parameters(replay::count_query("o", "o.p", at, at))),
             ("replay", parameters(replay::replay_query("o", "o.p", at, at))),
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
