@@ -82,6 +82,24 @@ async fn an_operator_logs_in_and_the_overview_matches_the_database(pool: PgPool)
     emit_committed(&pool, &[placed(1), placed(2), placed(3)]).await;
     dead_event(&pool).await;
     dead_event(&pool).await;
+    // A day of relays' activity, as their heartbeats record it: a daily curve of deliveries,
+    // and a lag that rose for a while two hours ago.
+    sqlx::query(
+        "INSERT INTO outbox.activity (minute, delivered, pending, dead, oldest_pending_age_secs, read) \
+         SELECT date_trunc('minute', now()) - m * interval '1 minute', \
+                (600 + 400 * sin(m / 229.0))::int8, 40, 2, \
+                CASE WHEN m BETWEEN 100 AND 140 THEN 30 + (m - 100) * 4 ELSE 0.4 END, true \
+         FROM generate_series(1, 1439) AS m",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let delivered: i64 = sqlx::query_scalar(
+        "SELECT sum(delivered)::int8 FROM outbox.activity WHERE minute > now() - interval '1 hour'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     let served = Served::start(Console::new(pool.clone()).token(TOKEN).router()).await;
     let browser = Browser::start().await;
     log_in(&browser, &served).await;
@@ -90,6 +108,7 @@ async fn an_operator_logs_in_and_the_overview_matches_the_database(pool: PgPool)
     let stats = outbox_runtime::stats(&pool).await.unwrap();
     assert_eq!(text(&browser, "#pending").await, stats.pending.to_string());
     assert_eq!(text(&browser, "#dead").await, stats.dead.to_string());
+    assert_eq!(text(&browser, "#delivered").await.replace(',', ""), delivered.to_string());
     let by_type = text(&browser, "#by-type").await;
     assert!(by_type.contains("order / order.placed"), "{by_type}");
     browser.screenshot("overview").await;

@@ -14,6 +14,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use support::console::{client, form_fields, hidden, session_cookie, Served};
 use support::*;
+use uuid::Uuid;
 
 const TOKEN: &str = "a-console-token-for-the-tests-0123456789";
 
@@ -428,4 +429,59 @@ async fn the_api_reads_and_acts_with_the_token(pool: PgPool) {
         .unwrap();
     assert_eq!(resumed["resumed"], true);
     assert!(pauses::paused(&pool).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_aggregates_page_lists_what_holds_it_back_and_all_with_the_optional_index(pool: PgPool) {
+    migrated(&pool).await;
+    let order = uuid::Uuid::now_v7();
+    // Ordered events of one aggregate: the first dead (it holds the others back), one delivered.
+    let rows: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT outbox.emit('order', $1, 'order.placed', jsonb_build_object('n', n), ordered => true) \
+         FROM generate_series(1, 3) AS n",
+    )
+    .bind(order.to_string())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox.events SET dead_at = now(), last_error = 'refused' WHERE event_id = $1",
+    )
+    .bind(rows[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    emit_committed(&pool, &[OrderPlaced { order_id: order, total_cents: 1 }]).await;
+    sqlx::query("UPDATE outbox.events SET published_at = now() WHERE ordered = false")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let served = Served::start(Console::new(pool.clone()).router()).await;
+    let http = client();
+    let url = format!("{}/aggregate?aggregate_type=order&aggregate_id={order}", served.url);
+
+    let page = http.get(&url).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("id=\"incomplete\""), "{page}");
+    let listed: Vec<usize> =
+        rows.iter().map(|id| page.find(&id.to_string()).expect("listed")).collect();
+    assert!(listed.windows(2).all(|pair| pair[0] < pair[1]), "in emit order");
+    assert!(page.contains("class=\"state dead\""));
+
+    sqlx::raw_sql(
+        "CREATE INDEX events_by_aggregate ON outbox.events (aggregate_type, aggregate_id, seq)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let api: Value = http
+        .get(format!("{}/api/aggregate?aggregate_type=order&aggregate_id={order}", served.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(api["complete"], true);
+    assert_eq!(api["events"].as_array().unwrap().len(), 4, "the delivered one too: {api}");
+    assert_eq!(api["events"][3]["state"], "published");
 }
