@@ -12,11 +12,23 @@ use crate::error::Failure;
 /// Shorter tokens are accepted with a warning: they can be guessed.
 const SHORT_TOKEN: usize = 16;
 
+/// The token, from the environment only: a command line is visible to every user of the machine.
+fn token() -> Option<String> {
+    std::env::var("OUTBOX_CONSOLE_TOKEN").ok().filter(|token| !token.is_empty())
+}
+
+/// Refuses an address beyond loopback without a token, before anything connects.
+pub fn check(args: &ConsoleArgs) -> Result<(), Failure> {
+    match token() {
+        None if !args.bind.ip().is_loopback() => Err(Failure::ConsoleNeedsToken(args.bind)),
+        _ => Ok(()),
+    }
+}
+
+/// Serves until SIGINT or SIGTERM; `main` has run [`check`].
 pub async fn run(pool: &PgPool, args: &ConsoleArgs) -> Result<(), Failure> {
-    // From the environment only: a command line is visible to every user of the machine.
-    let token = std::env::var("OUTBOX_CONSOLE_TOKEN").ok().filter(|token| !token.is_empty());
+    let token = token();
     match &token {
-        None if !args.bind.ip().is_loopback() => return Err(Failure::ConsoleNeedsToken(args.bind)),
         Some(token) if token.len() < SHORT_TOKEN => eprintln!(
             "warning: OUTBOX_CONSOLE_TOKEN has {} characters; use a long random one (`openssl \
              rand -hex 32`)",

@@ -39,7 +39,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Command};
 use crate::error::Failure;
 
 #[tokio::main]
@@ -63,6 +63,9 @@ async fn main() -> ExitCode {
 
 /// Connects, runs the command, and renders its report.
 async fn run(cli: &Cli) -> Result<String, Failure> {
+    if let Command::Console(args) = &cli.command {
+        console::check(args)?;
+    }
     let pool = connect::connect(cli.database_url.as_deref()).await?;
     let report = commands::run(&pool, &cli.command).await;
     pool.close().await;

@@ -872,3 +872,65 @@ fn an_unreadable_sslrootcert_is_named() {
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
+
+#[test]
+fn console_refuses_to_serve_beyond_loopback_without_a_token() {
+    let Output { status, stderr, .. } = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", "postgres://postgres@127.0.0.1:5432/postgres"])
+        .args(["console", "--bind", "0.0.0.0:0"])
+        .env_remove("OUTBOX_CONSOLE_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("without a token: set OUTBOX_CONSOLE_TOKEN"), "{stderr}");
+}
+
+/// A plain HTTP/1.1 GET to the console; the whole answer.
+fn http_get(address: &str, path: &str, token: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}Connection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[sqlx::test(migrations = false)]
+async fn console_serves_the_outbox_with_its_token_until_sigterm(pool: PgPool) {
+    use std::io::{BufRead, BufReader};
+    migrated(&pool).await;
+    emit_committed(&pool, &[OrderPlaced { order_id: 1 }, OrderPlaced { order_id: 2 }]).await;
+    let token = "a-token-for-the-cli-test-0123456789abcdef";
+    let mut console = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &database_url(&pool), "--json"])
+        .args(["console", "--bind", "127.0.0.1:0"])
+        .env("OUTBOX_CONSOLE_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(console.stderr.take().unwrap()).read_line(&mut banner).unwrap();
+    assert!(banner.contains("log in with OUTBOX_CONSOLE_TOKEN"), "{banner}");
+    assert!(!banner.contains(token), "the token is never printed: {banner}");
+    let address = banner.split("http://").nth(1).unwrap().split('/').next().unwrap().to_owned();
+
+    let refused = http_get(&address, "/api/overview", None);
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    let answer = http_get(&address, "/api/overview", Some(token));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let overview: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(overview["pending"], 2);
+
+    let terminate = Command::new("kill").args(["-TERM", &console.id().to_string()]).status();
+    assert!(terminate.unwrap().success());
+    let output = console.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stdout: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(stdout, json!({ "served": true }));
+}

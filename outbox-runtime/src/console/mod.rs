@@ -66,11 +66,20 @@ use axum::Router;
 use sqlx::PgPool;
 
 /// The console, configured; [`router`](Console::router) makes it a [`Router`].
-#[derive(Debug)]
 pub struct Console {
     pool: PgPool,
     token: Option<String>,
     read_only: bool,
+}
+
+impl std::fmt::Debug for Console {
+    /// Never the token: a `Console` may end up in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What every request handler shares.
