@@ -117,7 +117,17 @@ async fn the_token_logs_people_in_and_lets_scripts_call_the_api(pool: PgPool) {
     for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"] {
         assert!(set_cookie.contains(attribute), "{set_cookie} lacks {attribute}");
     }
+    assert!(!set_cookie.contains("Secure"), "plain HTTP: {set_cookie}");
     let cookie = session_cookie(&response).unwrap();
+    // Behind a TLS proxy the cookie is sent over TLS only.
+    let behind_tls = http
+        .post(format!("{}/login", served.url))
+        .header("x-forwarded-proto", "https")
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert!(behind_tls.headers()[SET_COOKIE].to_str().unwrap().ends_with("; Secure"));
     let overview = http.get(&served.url).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(overview.status(), StatusCode::OK);
     let overview = overview.text().await.unwrap();
@@ -226,6 +236,23 @@ async fn without_a_token_only_loopback_names_are_answered(pool: PgPool) {
         let body = response.text().await.unwrap();
         assert!(body.contains("loopback") && !body.contains("pending"), "{body}");
     }
+    // A reverse proxy on the machine connects over loopback for anyone: its headers say so.
+    for header in ["x-forwarded-for", "x-real-ip", "forwarded"] {
+        let response = http
+            .get(format!("{}/api/overview", served.url))
+            .header(header, "203.0.113.7")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{header}");
+    }
+    let css = http
+        .get(format!("{}/assets/console.css", served.url))
+        .header("host", format!("rebound.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(css.status(), StatusCode::FORBIDDEN, "not even the stylesheet");
 }
 
 #[sqlx::test(migrations = false)]

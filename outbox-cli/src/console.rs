@@ -54,5 +54,5 @@ pub async fn run(pool: &PgPool, args: &ConsoleArgs) -> Result<(), Failure> {
     axum::serve(listener, app)
         .with_graceful_shutdown(crate::forward::stop_signal())
         .await
-        .map_err(|reason| Failure::ConsoleBind { address, reason })
+        .map_err(Failure::ConsoleServe)
 }

@@ -63,6 +63,8 @@ pub enum Failure {
         /// Why.
         reason: std::io::Error,
     },
+    /// `outbox console` stopped serving on an error.
+    ConsoleServe(std::io::Error),
     /// `outbox forward` cannot reach or use its broker as configured.
     Forward(String),
     /// Anything else the runtime reported.
@@ -130,6 +132,11 @@ impl fmt::Display for Failure {
             Failure::ConsoleBind { address, reason } => {
                 write!(f, "cannot serve the console on {address}: {reason}; choose another --bind")
             }
+            Failure::ConsoleServe(reason) => write!(
+                f,
+                "the console stopped serving: {reason}; start it again (a lack of file \
+                 descriptors shows as `Too many open files`: raise `ulimit -n`)"
+            ),
             Failure::Forward(reason) => write!(f, "{reason}"),
             Failure::Outbox(error) => {
                 // The outbox's errors keep their cause as `source`: print the whole chain.

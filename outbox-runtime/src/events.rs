@@ -99,14 +99,13 @@ pub struct AggregateEvents {
 }
 
 /// The name of the index that lets [`of_aggregate`] read an aggregate's whole history. The
-/// migrations do not create it, since every emit would pay for it; create it if you look
-/// aggregates up:
-///
-/// ```sql
-/// CREATE INDEX CONCURRENTLY events_by_aggregate
-///     ON outbox.events (aggregate_type, aggregate_id, seq);
-/// ```
+/// migrations do not create it, since every emit would pay for it; create it with
+/// [`AGGREGATE_INDEX_SQL`] if you look aggregates up.
 pub const AGGREGATE_INDEX: &str = store::AGGREGATE_INDEX;
+
+/// The statement that creates [`AGGREGATE_INDEX`], without blocking emits.
+pub const AGGREGATE_INDEX_SQL: &str = "CREATE INDEX CONCURRENTLY events_by_aggregate \
+     ON outbox.events (aggregate_type, aggregate_id, seq)";
 
 /// Up to `limit` events of one aggregate in the order they were emitted: all it holds with the
 /// index [`AGGREGATE_INDEX`], else its undelivered ordered events (on the index the relays

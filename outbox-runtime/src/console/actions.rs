@@ -2,48 +2,27 @@
 //! replay). Each action that touches many rows goes through a confirmation page that counts
 //! them first and pins the selection's time range, so the action touches what was counted.
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::Utc;
 use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::extract::{Action, Page};
-use super::filters::{given, DeadQuery, ReplayQuery};
+use super::filters::{
+    given, DeadLetters, DeadPage, DeadQuery, ReplayQuery, TypeForm, DEAD_PAGE_SIZE,
+};
 use super::problem::Problem;
 use super::views::{self, count, csrf, instant, layout, Section};
 use crate::{dead_letters, pauses, replay};
 
-/// Dead letters listed per page.
-const PAGE_SIZE: u32 = 50;
-
-#[derive(Deserialize)]
-pub(super) struct DeadPage {
-    #[serde(flatten)]
-    query: DeadQuery,
-    after: Option<String>,
-}
-
 pub(super) async fn dead(
     page: Page,
     State(console): State<super::State>,
-    Query(DeadPage { query, after }): Query<DeadPage>,
+    Query(dead_page): Query<DeadPage>,
 ) -> Result<Markup, Problem> {
-    let selection = query.select(Utc::now())?;
-    let after = match given(&after) {
-        Some(after) => Some(uuid::Uuid::parse_str(after).map_err(|error| {
-            Problem::BadInput(format!(
-                "`{after}` is not an event id ({error}): start from the first page"
-            ))
-        })?),
-        None => None,
-    };
-    let (matching, events) = tokio::try_join!(
-        dead_letters::count(&console.pool, &selection.filter),
-        dead_letters::list(&console.pool, &selection.filter, after, PAGE_SIZE),
-    )?;
-    let next =
-        (events.len() == PAGE_SIZE as usize).then(|| events.last().map(|e| e.event_id)).flatten();
+    let DeadLetters { matching, events, next } = dead_page.read(&console.pool, Utc::now()).await?;
+    let query = &dead_page.query;
     let body = html! {
         form.filters method="get" action=(page.link("/dead")) {
             label { "Aggregate type " input type="text" name="aggregate_type" value=[given(&query.aggregate_type)]; }
@@ -79,8 +58,8 @@ pub(super) async fn dead(
                 }
             }
         }
-        @if let Some(next) = next {
-            p { a href={(page.link("/dead")) "?" (query.query_string()) "&after=" (next)} { "Next " (PAGE_SIZE) " →" } }
+        @if let Some((pinned, after)) = next {
+            p { a href={(page.link("/dead")) "?" (pinned.query_string()) "&after=" (after)} { "Next " (DEAD_PAGE_SIZE) " →" } }
         }
     };
     Ok(layout(&page, Section::Dead, "Dead letters", body))
@@ -95,6 +74,7 @@ fn shorten(error: &str) -> String {
     }
 }
 
+/// What can be done to dead letters.
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum DeadAction {
@@ -108,6 +88,27 @@ impl DeadAction {
             DeadAction::Requeue => "requeue",
             DeadAction::Discard => "discard",
         }
+    }
+
+    /// What the answer says it did.
+    pub(super) fn done(self) -> &'static str {
+        match self {
+            DeadAction::Requeue => "requeued",
+            DeadAction::Discard => "discarded",
+        }
+    }
+
+    /// Does it to the selection; returns how many.
+    pub(super) async fn apply(
+        self,
+        pool: &sqlx::PgPool,
+        query: &DeadQuery,
+    ) -> Result<u64, Problem> {
+        let filter = query.select(Utc::now())?.filter;
+        Ok(match self {
+            DeadAction::Requeue => dead_letters::requeue(pool, &filter).await?,
+            DeadAction::Discard => dead_letters::discard(pool, &filter).await?,
+        })
     }
 }
 
@@ -124,9 +125,10 @@ pub(super) async fn confirm_dead(
     Query(ConfirmDead { action, query }): Query<ConfirmDead>,
 ) -> Result<Markup, Problem> {
     let now = Utc::now();
-    let selection = query.select(now)?;
+    // Counted as pinned, the selection the form hands on: the same rows.
+    let pinned = query.pinned(query.select(now)?.range, now);
+    let selection = pinned.select(now)?;
     let matching = dead_letters::count(&console.pool, &selection.filter).await?;
-    let pinned = query.pinned(selection.range, now);
     let until = selection.range.until.unwrap_or(now);
     let verb = action.verb();
     let body = html! {
@@ -152,24 +154,15 @@ pub(super) async fn confirm_dead(
     Ok(layout(&page, Section::Dead, &title, body))
 }
 
-pub(super) async fn requeue_dead(
+pub(super) async fn act_on_dead(
     page: Page,
     State(console): State<super::State>,
+    Path(action): Path<DeadAction>,
     Action(query): Action<DeadQuery>,
 ) -> Result<Markup, Problem> {
-    let selection = query.select(Utc::now())?;
-    let requeued = dead_letters::requeue(&console.pool, &selection.filter).await?;
-    Ok(done(&page, Section::Dead, &format!("Requeued {} dead letters", count(requeued)), "/dead"))
-}
-
-pub(super) async fn discard_dead(
-    page: Page,
-    State(console): State<super::State>,
-    Action(query): Action<DeadQuery>,
-) -> Result<Markup, Problem> {
-    let selection = query.select(Utc::now())?;
-    let discarded = dead_letters::discard(&console.pool, &selection.filter).await?;
-    Ok(done(&page, Section::Dead, &format!("Discarded {} dead letters", count(discarded)), "/dead"))
+    let done_to = action.apply(&console.pool, &query).await?;
+    let what = format!("{} {} dead letters", capitalised(action.done()), count(done_to));
+    Ok(done(&page, Section::Dead, &what, "/dead"))
 }
 
 /// The page after an action: what it did, and the way back.
@@ -243,20 +236,12 @@ pub(super) async fn control(
     Ok(layout(&page, Section::Control, "Control", body))
 }
 
-#[derive(Deserialize)]
-pub(super) struct TypeForm {
-    aggregate_type: String,
-    event_type: String,
-    #[serde(default)]
-    reason: Option<String>,
-}
-
 pub(super) async fn pause(
     page: Page,
     State(console): State<super::State>,
     Action(form): Action<TypeForm>,
 ) -> Result<Response, Problem> {
-    let (aggregate_type, event_type) = named(&form)?;
+    let (aggregate_type, event_type) = form.named()?;
     let reason = given(&form.reason);
     pauses::pause(&console.pool, aggregate_type, event_type, reason).await?;
     Ok(Redirect::to(&page.link("/control")).into_response())
@@ -267,18 +252,9 @@ pub(super) async fn resume(
     State(console): State<super::State>,
     Action(form): Action<TypeForm>,
 ) -> Result<Response, Problem> {
-    let (aggregate_type, event_type) = named(&form)?;
+    let (aggregate_type, event_type) = form.named()?;
     pauses::resume(&console.pool, aggregate_type, event_type).await?;
     Ok(Redirect::to(&page.link("/control")).into_response())
-}
-
-fn named(form: &TypeForm) -> Result<(&str, &str), Problem> {
-    match (form.aggregate_type.trim(), form.event_type.trim()) {
-        ("", _) | (_, "") => {
-            Err(Problem::BadInput("name the aggregate type and the event type".into()))
-        }
-        named => Ok(named),
-    }
 }
 
 pub(super) async fn confirm_replay(

@@ -6,17 +6,17 @@ use axum::Json;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
-use super::filters::{given, DeadQuery, ReplayQuery};
+use super::actions::DeadAction;
+use super::filters::{
+    event_id, given, AggregateQuery, DeadLetters, DeadPage, DeadQuery, ReplayQuery, TypeForm,
+    AGGREGATE_PAGE_SIZE,
+};
 use super::overview;
 use super::problem::{ApiProblem, Problem};
-use crate::{dead_letters, events, pauses, relays, replay};
+use crate::{events, pauses, relays, replay};
 
 type Answer = Result<Json<Value>, ApiProblem>;
-
-/// Dead letters per call.
-const PAGE_SIZE: u32 = 50;
 
 pub(super) async fn overview(State(console): State<super::State>) -> Answer {
     Ok(Json(json!(overview::read(&console.pool, Utc::now()).await?)))
@@ -34,82 +34,57 @@ pub(super) async fn event(State(console): State<super::State>, Path(id): Path<St
     }
 }
 
-#[derive(Deserialize)]
-pub(super) struct AggregateQuery {
-    aggregate_type: String,
-    aggregate_id: String,
-}
-
 pub(super) async fn aggregate(
     State(console): State<super::State>,
     Query(query): Query<AggregateQuery>,
 ) -> Answer {
     let (pool, aggregate_type, aggregate_id) =
         (&console.pool, &query.aggregate_type, &query.aggregate_id);
-    Ok(Json(json!(events::of_aggregate(pool, aggregate_type, aggregate_id, 200).await?)))
+    let found = events::of_aggregate(pool, aggregate_type, aggregate_id, AGGREGATE_PAGE_SIZE);
+    Ok(Json(json!(found.await?)))
 }
 
-#[derive(Deserialize)]
-pub(super) struct DeadPage {
-    #[serde(flatten)]
-    query: DeadQuery,
-    after: Option<String>,
-}
-
+/// `next`: the next page's query string (the selection's ages pinned to instants, so it
+/// continues the same list), `next_after`: the id it starts after.
 pub(super) async fn dead(
     State(console): State<super::State>,
-    Query(DeadPage { query, after }): Query<DeadPage>,
+    Query(dead_page): Query<DeadPage>,
 ) -> Answer {
-    let filter = query.select(Utc::now())?.filter;
-    let after = given(&after).map(event_id).transpose()?;
-    let (matching, events) = tokio::try_join!(
-        dead_letters::count(&console.pool, &filter),
-        dead_letters::list(&console.pool, &filter, after, PAGE_SIZE),
-    )?;
-    let next_after =
-        (events.len() == PAGE_SIZE as usize).then(|| events.last().map(|e| e.event_id));
-    Ok(Json(json!({ "count": matching, "events": events, "next_after": next_after.flatten() })))
+    let DeadLetters { matching, events, next } = dead_page.read(&console.pool, Utc::now()).await?;
+    let (next, next_after) = match next {
+        Some((pinned, after)) => {
+            (Some(format!("{}&after={after}", pinned.query_string())), Some(after))
+        }
+        None => (None, None),
+    };
+    Ok(Json(json!({ "count": matching, "events": events, "next": next, "next_after": next_after })))
 }
 
-pub(super) async fn requeue_dead(
+pub(super) async fn act_on_dead(
     State(console): State<super::State>,
+    Path(action): Path<DeadAction>,
     Json(query): Json<DeadQuery>,
 ) -> Answer {
-    let filter = query.select(Utc::now())?.filter;
-    Ok(Json(json!({ "requeued": dead_letters::requeue(&console.pool, &filter).await? })))
-}
-
-pub(super) async fn discard_dead(
-    State(console): State<super::State>,
-    Json(query): Json<DeadQuery>,
-) -> Answer {
-    let filter = query.select(Utc::now())?.filter;
-    Ok(Json(json!({ "discarded": dead_letters::discard(&console.pool, &filter).await? })))
-}
-
-#[derive(Deserialize)]
-pub(super) struct TypeBody {
-    aggregate_type: String,
-    event_type: String,
-    #[serde(default)]
-    reason: Option<String>,
+    let done_to = action.apply(&console.pool, &query).await?;
+    Ok(Json(json!({ action.done(): done_to })))
 }
 
 pub(super) async fn pause(
     State(console): State<super::State>,
-    Json(body): Json<TypeBody>,
+    Json(body): Json<TypeForm>,
 ) -> Answer {
+    let (aggregate_type, event_type) = body.named()?;
     let reason = given(&body.reason);
-    let paused =
-        pauses::pause(&console.pool, &body.aggregate_type, &body.event_type, reason).await?;
+    let paused = pauses::pause(&console.pool, aggregate_type, event_type, reason).await?;
     Ok(Json(json!({ "paused": paused })))
 }
 
 pub(super) async fn resume(
     State(console): State<super::State>,
-    Json(body): Json<TypeBody>,
+    Json(body): Json<TypeForm>,
 ) -> Answer {
-    let resumed = pauses::resume(&console.pool, &body.aggregate_type, &body.event_type).await?;
+    let (aggregate_type, event_type) = body.named()?;
+    let resumed = pauses::resume(&console.pool, aggregate_type, event_type).await?;
     Ok(Json(json!({ "resumed": resumed })))
 }
 
@@ -133,9 +108,4 @@ pub(super) async fn replay(
     }
     let replayed = replay::replay(pool, aggregate_type, event_type, s.since, s.until).await?;
     Ok(Json(json!({ "replayed": replayed })))
-}
-
-fn event_id(id: &str) -> Result<Uuid, Problem> {
-    Uuid::parse_str(id)
-        .map_err(|error| Problem::BadInput(format!("`{id}` is not an event id ({error})")))
 }

@@ -114,31 +114,37 @@ impl Keys {
     }
 }
 
-/// A browser request's `Set-Cookie` for a session: invisible to scripts, never sent with a
-/// request another site starts, scoped to the console's path.
-pub(super) fn session_cookie(session: &Session, path: &str) -> String {
+/// The `Set-Cookie` of a session (`None`: the one that ends it): invisible to scripts, never
+/// sent with a request another site starts, scoped to the console's path, and `Secure` when
+/// the request came through a TLS proxy.
+pub(super) fn session_cookie(session: Option<&Session>, path: &str, headers: &HeaderMap) -> String {
     let path = if path.is_empty() { "/" } else { path };
-    format!(
-        "{SESSION_COOKIE}={}; Path={path}; Max-Age={}; HttpOnly; SameSite=Strict",
-        session.cookie,
-        SESSION_LIFETIME.as_secs()
-    )
+    let (value, max_age) = match session {
+        Some(session) => (session.cookie.as_str(), SESSION_LIFETIME.as_secs()),
+        None => ("", 0),
+    };
+    let tls = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|proto| proto.as_bytes().eq_ignore_ascii_case(b"https"));
+    let secure = if tls { "; Secure" } else { "" };
+    format!("{SESSION_COOKIE}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Strict{secure}")
 }
 
-/// The `Set-Cookie` that ends a session.
-pub(super) fn expired_cookie(path: &str) -> String {
-    let path = if path.is_empty() { "/" } else { path };
-    format!("{SESSION_COOKIE}=; Path={path}; Max-Age=0; HttpOnly; SameSite=Strict")
-}
-
-/// Whether the request came over loopback and names a loopback host. The peer address alone
-/// is not enough: a web page can make a browser send requests to 127.0.0.1 under a host name
-/// of the attacker's that resolves there (DNS rebinding); its `Host` header gives it away.
+/// Whether the request came over loopback, names a loopback host, and was not forwarded. The
+/// peer address alone is not enough: a web page can make a browser send requests to 127.0.0.1
+/// under a host name of the attacker's that resolves there (DNS rebinding), which its `Host`
+/// header gives away; and a reverse proxy on the same machine connects over loopback on behalf
+/// of anyone, which its forwarding headers give away.
 pub(super) fn is_loopback<B>(request: &Request<B>) -> bool {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>();
-    let host = request.headers().get(header::HOST).and_then(|host| host.to_str().ok());
-    peer.is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
+    let headers = request.headers();
+    let host = headers.get(header::HOST).and_then(|host| host.to_str().ok());
+    let forwarded = ["forwarded", "x-forwarded-for", "x-real-ip"]
+        .into_iter()
+        .any(|name| headers.contains_key(name));
+    peer.is_some_and(|ConnectInfo(peer)| peer.ip().to_canonical().is_loopback())
         && host.is_some_and(is_loopback_host)
+        && !forwarded
 }
 
 /// `localhost`, `127.0.0.1` or `[::1]`, with or without a port.

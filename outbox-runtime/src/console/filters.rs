@@ -62,9 +62,7 @@ impl DeadQuery {
             ],
         )?;
         let mut filter = match given(&self.event_id) {
-            Some(id) => DeadFilter::event(Uuid::parse_str(id).map_err(|error| {
-                Problem::BadInput(format!("`{id}` is not an event id ({error})"))
-            })?),
+            Some(id) => DeadFilter::event(event_id(id)?),
             None => DeadFilter::all(),
         };
         if let Some(aggregate_type) = given(&self.aggregate_type) {
@@ -97,20 +95,9 @@ impl DeadQuery {
         }
     }
 
-    /// Whether anything narrows the selection.
+    /// Whether nothing narrows the selection.
     pub(super) fn is_everything(&self) -> bool {
-        [
-            &self.event_id,
-            &self.aggregate_type,
-            &self.event_type,
-            &self.error,
-            &self.newer_than,
-            &self.older_than,
-            &self.since,
-            &self.until,
-        ]
-        .into_iter()
-        .all(|field| given(field).is_none())
+        self.fields().is_empty()
     }
 
     /// The query string that selects the same (`aggregate_type=...&...`).
@@ -219,10 +206,102 @@ fn instant(
             "{name} `{age}` is not an age ({error}): write it as 30m, 2h or 7d"
         ))
     })?;
-    let parsed = chrono::Duration::from_std(parsed)
-        .map_err(|_| Problem::BadInput(format!("{name} `{age}` is too long")))?;
-    Ok(Some(now.checked_sub_signed(parsed).unwrap_or(DateTime::<Utc>::MIN_UTC)))
+    let too_long = || {
+        Problem::BadInput(format!(
+            "{name} `{age}` reaches back before any event: give an age of at most a few years, \
+             or leave it empty for no bound"
+        ))
+    };
+    let parsed = chrono::Duration::from_std(parsed).map_err(|_| too_long())?;
+    now.checked_sub_signed(parsed).map(Some).ok_or_else(too_long)
 }
+
+/// An event id from a form, a path or a query string.
+pub(super) fn event_id(id: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(id.trim()).map_err(|error| {
+        Problem::BadInput(format!(
+            "`{id}` is not an event id ({error}): paste it as logged, 36 characters such as \
+             0193b1de-8f0a-7c3e-9a51-2b6f4d7e1c20"
+        ))
+    })
+}
+
+/// An event type named by a form or an API body.
+#[derive(Debug, Deserialize)]
+pub(super) struct TypeForm {
+    pub(super) aggregate_type: String,
+    pub(super) event_type: String,
+    #[serde(default)]
+    pub(super) reason: Option<String>,
+}
+
+impl TypeForm {
+    /// `(aggregate_type, event_type)`, refusing a blank one.
+    pub(super) fn named(&self) -> Result<(&str, &str), Problem> {
+        match (self.aggregate_type.trim(), self.event_type.trim()) {
+            ("", _) | (_, "") => {
+                Err(Problem::BadInput("name both the aggregate type and the event type".into()))
+            }
+            named => Ok(named),
+        }
+    }
+}
+
+/// A page of dead letters: a selection and where the page starts.
+#[derive(Deserialize)]
+pub(super) struct DeadPage {
+    #[serde(flatten)]
+    pub(super) query: DeadQuery,
+    pub(super) after: Option<String>,
+}
+
+/// Dead letters per page, of the pages and the API.
+pub(super) const DEAD_PAGE_SIZE: u32 = 50;
+
+/// A page of dead letters as read.
+pub(super) struct DeadLetters {
+    /// How many match the selection.
+    pub(super) matching: u64,
+    /// Up to [`DEAD_PAGE_SIZE`] of them.
+    pub(super) events: Vec<crate::dead_letters::DeadEvent>,
+    /// The next page: the selection with its range pinned (so it continues the same list), and
+    /// the id it starts after; `None` on the last page.
+    pub(super) next: Option<(DeadQuery, Uuid)>,
+}
+
+impl DeadPage {
+    /// The page the query names, its selection's ages taken from `now`.
+    pub(super) async fn read(
+        &self,
+        pool: &sqlx::PgPool,
+        now: DateTime<Utc>,
+    ) -> Result<DeadLetters, Problem> {
+        let selection = self.query.select(now)?;
+        let after = given(&self.after).map(event_id).transpose()?;
+        let filter = &selection.filter;
+        let (matching, mut events) = tokio::try_join!(
+            crate::dead_letters::count(pool, filter),
+            crate::dead_letters::list(pool, filter, after, DEAD_PAGE_SIZE + 1),
+        )?;
+        let more = events.len() > DEAD_PAGE_SIZE as usize;
+        events.truncate(DEAD_PAGE_SIZE as usize);
+        let next = match (more, events.last()) {
+            (true, Some(last)) => Some((self.query.pinned(selection.range, now), last.event_id)),
+            _ => None,
+        };
+        Ok(DeadLetters { matching, events, next })
+    }
+}
+
+/// An aggregate named by the events page or the API.
+#[derive(Deserialize)]
+pub(super) struct AggregateQuery {
+    pub(super) aggregate_type: String,
+    pub(super) aggregate_id: String,
+}
+
+/// Events listed of an aggregate.
+pub(super) const AGGREGATE_PAGE_SIZE: u32 = 200;
 
 /// A form field's text, unless it was left empty.
 pub(super) fn given(field: &Option<String>) -> Option<&str> {

@@ -28,8 +28,9 @@ pub(super) async fn guard(
                     None
                 }
                 Admitted::NewSession(session) => {
-                    request.extensions_mut().insert(session.clone());
-                    Some(auth::session_cookie(&session, &base))
+                    let cookie = auth::session_cookie(Some(&session), &base, request.headers());
+                    request.extensions_mut().insert(session);
+                    Some(cookie)
                 }
                 Admitted::Plain => None,
             };
@@ -81,15 +82,15 @@ impl Refusal {
 
 fn admit(console: &super::State, request: &Request) -> Result<Admitted, Refusal> {
     let path = request.uri().path();
-    if path.starts_with("/assets/") {
-        return Ok(Admitted::Plain);
-    }
     let keys = &console.keys;
     if !keys.has_token() && !auth::is_loopback(request) {
         return Err(Refusal::Problem(Problem::LoopbackOnly));
     }
+    if path.starts_with("/assets/") {
+        return Ok(Admitted::Plain);
+    }
     if request.method() == Method::POST && !auth::same_origin(request.headers()) {
-        return Err(Refusal::Problem(Problem::StaleForm));
+        return Err(Refusal::Problem(Problem::ForeignOrigin));
     }
     let is_api = path == "/api" || path.starts_with("/api/");
     if is_api {

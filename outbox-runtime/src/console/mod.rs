@@ -125,9 +125,7 @@ impl Console {
             .route("/events/{id}", get(pages::event))
             .route("/aggregate", get(pages::aggregate))
             .route("/dead", get(actions::dead))
-            .route("/dead/confirm", get(actions::confirm_dead))
             .route("/control", get(actions::control))
-            .route("/control/replay/confirm", get(actions::confirm_replay))
             .route("/login", get(pages::login_form).post(pages::login))
             .route("/logout", post(pages::logout))
             .route("/assets/console.css", get(pages::stylesheet))
@@ -138,13 +136,13 @@ impl Console {
             .route("/api/dead", get(api::dead));
         if !read_only {
             router = router
-                .route("/dead/requeue", post(actions::requeue_dead))
-                .route("/dead/discard", post(actions::discard_dead))
+                .route("/dead/confirm", get(actions::confirm_dead))
+                .route("/dead/{action}", post(actions::act_on_dead))
+                .route("/control/replay/confirm", get(actions::confirm_replay))
                 .route("/control/pause", post(actions::pause))
                 .route("/control/resume", post(actions::resume))
                 .route("/control/replay", post(actions::replay))
-                .route("/api/dead/requeue", post(api::requeue_dead))
-                .route("/api/dead/discard", post(api::discard_dead))
+                .route("/api/dead/{action}", post(api::act_on_dead))
                 .route("/api/pause", post(api::pause))
                 .route("/api/resume", post(api::resume))
                 .route("/api/replay", post(api::replay));

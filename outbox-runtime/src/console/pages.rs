@@ -1,16 +1,16 @@
 //! The pages that show: overview, relays, an event; the login; the stylesheet.
 
 use axum::extract::{Form, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Duration, Utc};
 use maud::{html, Markup};
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::auth;
 use super::chart::Window;
 use super::extract::{Action, Page};
+use super::filters::{event_id, AggregateQuery, AGGREGATE_PAGE_SIZE};
 use super::overview;
 use super::problem::Problem;
 use super::views::{self, age, count, instant, layout, Section};
@@ -159,9 +159,9 @@ pub(super) struct FindEvent {
 
 pub(super) async fn find_event(page: Page, Query(find): Query<FindEvent>) -> Response {
     if let Some(id) = find.id.as_deref().map(str::trim).filter(|id| !id.is_empty()) {
-        return match Uuid::parse_str(id) {
+        return match event_id(id) {
             Ok(id) => Redirect::to(&page.link(&format!("/events/{id}"))).into_response(),
-            Err(error) => Problem::BadInput(format!("`{id}` is not an event id ({error}): paste the id as logged, such as 0193b1de-8f0a-7c3e-9a51-2b6f4d7e1c20")).into_response(),
+            Err(problem) => problem.into_response(),
         };
     }
     let body = html! {
@@ -185,8 +185,7 @@ pub(super) async fn event(
     State(console): State<super::State>,
     Path(id): Path<String>,
 ) -> Result<Markup, Problem> {
-    let id = Uuid::parse_str(&id)
-        .map_err(|error| Problem::BadInput(format!("`{id}` is not an event id ({error})")))?;
+    let id = event_id(&id)?;
     let Some(event) = events::get(&console.pool, id).await? else {
         return Err(Problem::NotFound(format!(
             "no event {id} in the outbox: it was never emitted here, or it was purged, \
@@ -222,31 +221,26 @@ pub(super) async fn event(
     Ok(layout(&page, Section::Events, &format!("Event {id}"), body))
 }
 
-#[derive(Deserialize)]
-pub(super) struct AggregateQuery {
-    aggregate_type: String,
-    aggregate_id: String,
-}
-
-/// Events listed on an aggregate's page.
-const AGGREGATE_PAGE: u32 = 200;
-
 pub(super) async fn aggregate(
     page: Page,
     State(console): State<super::State>,
     Query(query): Query<AggregateQuery>,
 ) -> Result<Markup, Problem> {
     let (aggregate_type, aggregate_id) = (query.aggregate_type.trim(), query.aggregate_id.trim());
+    let pool = &console.pool;
     let found =
-        events::of_aggregate(&console.pool, aggregate_type, aggregate_id, AGGREGATE_PAGE).await?;
+        events::of_aggregate(pool, aggregate_type, aggregate_id, AGGREGATE_PAGE_SIZE).await?;
     let body = html! {
         @if !found.complete {
             p.muted #incomplete {
                 "Only the undelivered events of ordered types are shown: what holds the aggregate back. "
                 "For every event, create the index " code { (events::AGGREGATE_INDEX) } ": "
-                code { "CREATE INDEX CONCURRENTLY events_by_aggregate ON outbox.events (aggregate_type, aggregate_id, seq)" }
+                code { (events::AGGREGATE_INDEX_SQL) }
                 " (every emit then writes one more index entry)."
             }
+        }
+        @if found.events.len() == AGGREGATE_PAGE_SIZE as usize {
+            p.warning { "The first " (AGGREGATE_PAGE_SIZE) " events are shown; the aggregate may have more." }
         }
         @if found.events.is_empty() {
             p { "No event of this aggregate is shown." }
@@ -309,6 +303,7 @@ pub(super) async fn login_form(page: Page, State(console): State<super::State>) 
 pub(super) async fn login(
     page: Page,
     State(console): State<super::State>,
+    headers: HeaderMap,
     Form(login): Form<Login>,
 ) -> Response {
     if !console.keys.has_token() {
@@ -318,7 +313,7 @@ pub(super) async fn login(
         let refused = "That is not the console's token: copy it from OUTBOX_CONSOLE_TOKEN.";
         return (StatusCode::UNAUTHORIZED, login_page(&page, Some(refused))).into_response();
     }
-    let cookie = auth::session_cookie(&console.keys.new_session(), &page.base);
+    let cookie = auth::session_cookie(Some(&console.keys.new_session()), &page.base, &headers);
     ([(header::SET_COOKIE, cookie)], Redirect::to(&page.link(""))).into_response()
 }
 
@@ -338,8 +333,12 @@ fn login_page(page: &Page, refused: Option<&str>) -> Markup {
 #[derive(Deserialize)]
 pub(super) struct Nothing {}
 
-pub(super) async fn logout(page: Page, Action(Nothing {}): Action<Nothing>) -> Response {
-    let cookie = auth::expired_cookie(&page.base);
+pub(super) async fn logout(
+    page: Page,
+    headers: HeaderMap,
+    Action(Nothing {}): Action<Nothing>,
+) -> Response {
+    let cookie = auth::session_cookie(None, &page.base, &headers);
     ([(header::SET_COOKIE, cookie)], Redirect::to(&page.link("/login"))).into_response()
 }
 

@@ -16,8 +16,10 @@ pub(super) enum Problem {
     BadInput(String),
     /// Nothing there, with what to try.
     NotFound(String),
-    /// A POST without the session's CSRF token, or from another site.
+    /// A POST without the session's CSRF token.
     StaleForm,
+    /// A POST whose `Origin` is not the host it was sent to.
+    ForeignOrigin,
     /// A request from beyond loopback to a console without a token.
     LoopbackOnly,
 }
@@ -34,20 +36,27 @@ impl Problem {
             Problem::Outbox(_) => StatusCode::SERVICE_UNAVAILABLE,
             Problem::BadInput(_) => StatusCode::BAD_REQUEST,
             Problem::NotFound(_) => StatusCode::NOT_FOUND,
-            Problem::StaleForm | Problem::LoopbackOnly => StatusCode::FORBIDDEN,
+            Problem::StaleForm | Problem::ForeignOrigin | Problem::LoopbackOnly => {
+                StatusCode::FORBIDDEN
+            }
         }
     }
 
     fn message(&self) -> String {
         match self {
             Problem::Outbox(error) => format!(
-                "{}; check that the database is reachable and the outbox migrated \
-                 (`outbox status` says), then reload",
+                "{}; `outbox status` against the console's database says whether it is \
+                 reachable and migrated, and a permission error names the grant the console's \
+                 role lacks (docs/least-privilege.sql); then reload",
                 ErrorChain(error)
             ),
             Problem::BadInput(message) | Problem::NotFound(message) => message.clone(),
-            Problem::StaleForm => "the form is stale or was sent from another site: reload the \
+            Problem::StaleForm => "the form is stale (its session ended or changed): reload the \
                                   console's page and submit it again"
+                .to_owned(),
+            Problem::ForeignOrigin => "the request's Origin is not the host it was sent to: \
+                                      submit the console's own pages at the address you opened; \
+                                      behind a reverse proxy, have it pass the Host header on"
                 .to_owned(),
             Problem::LoopbackOnly => "this console has no token, so it answers loopback \
                                      requests only: open it on the machine it runs on, or start \

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::{indexes_only, Query, Rows, Scalar};
+use super::{Query, Rows, Scalar};
 
 /// Adds `delivered` to the current minute's row; returns whether the minute still lacks its
 /// reading (the caller then takes it).
@@ -67,10 +67,7 @@ pub(crate) async fn activity(
     pool: &PgPool,
     since: DateTime<Utc>,
 ) -> Result<Vec<ActivityRow>, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let minutes = activity_query(since).fetch_all(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(minutes)
+    Ok(on_indexes!(pool, fetch_all, activity_query(since)))
 }
 
 /// The minutes since `$1`.

@@ -31,10 +31,7 @@ pub(crate) struct EventRow {
 
 /// The event with this id, by its primary key.
 pub(crate) async fn event(pool: &PgPool, event_id: Uuid) -> Result<Option<EventRow>, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let event = event_query(event_id).fetch_optional(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(event)
+    Ok(on_indexes!(pool, fetch_optional, event_query(event_id)))
 }
 
 /// The columns of an [`EventRow`].

@@ -11,6 +11,17 @@ use std::time::Duration;
 use sqlx::postgres::PgArguments;
 use sqlx::Postgres;
 
+/// `$query.$method(tx)` in an [`indexes_only`] transaction, committed: its result, or `?` on
+/// the error.
+macro_rules! on_indexes {
+    ($pool:expr, $method:ident, $query:expr) => {{
+        let mut tx = super::indexes_only($pool).await?;
+        let result = $query.$method(&mut *tx).await?;
+        tx.commit().await?;
+        result
+    }};
+}
+
 mod ack;
 mod activity;
 mod emit;

@@ -48,10 +48,7 @@ macro_rules! counts_by_type {
 
 /// Counts pending and dead rows per type and version now (see [`counts_by_type!`]).
 pub(crate) async fn stats_by_type(pool: &PgPool) -> Result<Vec<TypeCounts>, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let counts = stats_query().fetch_all(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(counts)
+    Ok(on_indexes!(pool, fetch_all, stats_query()))
 }
 
 /// `(aggregate_type, event_type, event_version, pending, dead, age of the oldest pending in
@@ -230,22 +227,21 @@ pub(crate) async fn dead(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let rows = dead_query(selection, after, limit).fetch_all(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(rows)
+    Ok(on_indexes!(pool, fetch_all, dead_query(selection, after, limit)))
 }
 
-/// One page of dead rows (`$7`: after this id, `$8`: how many). The matching rows are read
-/// first, on the index of their form, then sorted: a walk of the primary key in id order would
-/// read the whole history to find a few dead rows.
+/// One page of dead rows (`$7`: after this id, `$8`: how many). The ids of the matching rows
+/// are read first, on the index of their form, and sorted; then the page's rows by the primary
+/// key. (A walk of the primary key in id order would read the whole history to find a few dead
+/// rows; reading whole matching rows would carry every payload into the sort.)
 pub(crate) const DEAD: [&str; 2] = on_dead_rows!(
-    "WITH matching AS MATERIALIZED ( \
-         SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
-                headers, created_at, dead_at, attempts, expired_leases, last_error \
-         FROM outbox.events WHERE ",
+    "WITH matching AS MATERIALIZED (SELECT event_id FROM outbox.events WHERE ",
     " AND ($7::uuid IS NULL OR event_id > $7)) \
-     SELECT * FROM matching ORDER BY event_id LIMIT $8"
+     SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
+            headers, created_at, dead_at, attempts, expired_leases, last_error \
+     FROM outbox.events \
+     WHERE event_id = ANY (ARRAY(SELECT event_id FROM matching ORDER BY event_id LIMIT $8)) \
+     ORDER BY event_id"
 );
 
 pub(super) fn dead_query<'q>(
@@ -262,10 +258,7 @@ pub(crate) async fn count_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<i64, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let count = count_dead_query(selection).fetch_one(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(count)
+    Ok(on_indexes!(pool, fetch_one, count_dead_query(selection)))
 }
 
 /// How many dead rows match.
@@ -322,10 +315,7 @@ pub(crate) async fn discard_dead(
     pool: &PgPool,
     selection: &DeadSelection<'_>,
 ) -> Result<u64, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let discarded = discard_query(selection).execute(&mut *tx).await?.rows_affected();
-    tx.commit().await?;
-    Ok(discarded)
+    Ok(on_indexes!(pool, execute, discard_query(selection)).rows_affected())
 }
 
 /// Deletes the matching dead rows.

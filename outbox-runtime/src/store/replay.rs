@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use super::ops::run_and_wake;
-use super::{indexes_only, Query, Scalar};
+use super::{Query, Scalar};
 
 /// The ids of the rows of one type published in `[$3, $4)`, as a CTE `replayed`. The range is
 /// read on the `published_at` index first, then filtered by type: the time range bounds what
@@ -28,10 +28,7 @@ pub(crate) async fn count_published(
     from: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<i64, sqlx::Error> {
-    let mut tx = indexes_only(pool).await?;
-    let count = count_query(aggregate_type, event_type, from, until).fetch_one(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(count)
+    Ok(on_indexes!(pool, fetch_one, count_query(aggregate_type, event_type, from, until)))
 }
 
 /// How many published rows [`replay`] would make pending.
