@@ -512,3 +512,23 @@ async fn an_aggregates_page_lists_what_holds_it_back_and_all_with_the_optional_i
     assert_eq!(api["events"].as_array().unwrap().len(), 4, "the delivered one too: {api}");
     assert_eq!(api["events"][3]["state"], "published");
 }
+
+#[sqlx::test(migrations = false)]
+async fn the_overview_stands_without_its_charts_when_they_cannot_be_read(pool: PgPool) {
+    migrated(&pool).await;
+    emit_committed(&pool, &[placed(1)]).await;
+    // As for a console role without the grant on outbox.activity: the charts' read fails.
+    sqlx::raw_sql("ALTER TABLE outbox.activity RENAME TO activity_elsewhere")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let served = Served::start(Console::new(pool.clone()).router()).await;
+    let response = client().get(&served.url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let page = response.text().await.unwrap();
+    assert!(page.contains("id=\"pending\">1<"), "{page}");
+    assert!(
+        page.contains("id=\"charts-unavailable\"") && page.contains("outbox.activity"),
+        "{page}"
+    );
+}

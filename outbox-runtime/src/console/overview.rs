@@ -4,6 +4,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::error::ErrorChain;
 use crate::pauses::PausedType;
 use crate::relays::RelayStatus;
 use crate::store::{self, ActivityRow};
@@ -21,6 +22,9 @@ pub(super) struct Reading {
     pub(super) paused: Vec<PausedType>,
     /// The minutes of the last day in which a relay ran, oldest first.
     pub(super) activity: Vec<Minute>,
+    /// Why `activity` could not be read (the rest of the reading stands).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) activity_error: Option<String>,
 }
 
 /// One minute of the relays' activity.
@@ -35,13 +39,25 @@ pub(super) struct Minute {
 }
 
 pub(super) async fn read(pool: &PgPool, now: DateTime<Utc>) -> Result<Reading, Error> {
-    let activity = async { Ok::<_, Error>(store::activity(pool, now - Duration::days(1)).await?) };
+    // The charts are a part the page can do without: a role that may not read them still
+    // sees the rest.
+    let activity = async { Ok::<_, Error>(store::activity(pool, now - Duration::days(1)).await) };
     let (by_type, relays, paused, activity) = tokio::try_join!(
         crate::stats_by_type(pool),
         crate::relays::relays(pool),
         crate::pauses::paused(pool),
         activity,
     )?;
+    let (activity, activity_error) = match activity {
+        Ok(activity) => (activity, None),
+        Err(error) => {
+            let error = Error::from(error);
+            tracing::warn!(error = %ErrorChain(&error), "outbox console cannot read outbox.activity");
+            let advice = "grant the console's role SELECT on outbox.activity \
+                          (docs/least-privilege.sql)";
+            (Vec::new(), Some(format!("{}; {advice}", ErrorChain(&error))))
+        }
+    };
     let hour_ago = now - Duration::hours(1);
     Ok(Reading {
         stats: OutboxStats::total(&by_type),
@@ -54,6 +70,7 @@ pub(super) async fn read(pool: &PgPool, now: DateTime<Utc>) -> Result<Reading, E
         relays,
         paused,
         activity: activity.into_iter().map(Minute::from).collect(),
+        activity_error,
     })
 }
 

@@ -37,7 +37,11 @@ pub(super) async fn overview(
                 @if silent > 0 { span.warning { (silent) " silent" } }
             }
         }
-        (charts(&reading.activity, now))
+        @if let Some(error) = &reading.activity_error {
+            p.warning #charts-unavailable { "The charts cannot be read: " (error) }
+        } @else {
+            (charts(&reading.activity, now))
+        }
         @if !reading.paused.is_empty() {
             p.warning {
                 "Paused: "
