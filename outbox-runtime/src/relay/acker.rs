@@ -258,7 +258,17 @@ impl Acker {
         }));
         let lost = missing_ids.len() - still_leased.len();
         self.count_lost(lost, what);
-        self.held.settle(ids.iter().copied().filter(|id| !still_leased.contains(id)));
+        let settled =
+            ids.iter().copied().filter(|id| !still_leased.contains(id) && !done.contains(id));
+        self.held.settle(settled);
+        let written_under = ids.iter().zip(&tokens).filter(|(id, _)| done.contains(id));
+        let leased_again = self.held.settle_written(written_under.map(|(id, token)| (*id, *token)));
+        if !leased_again.is_empty() {
+            let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = leased_again.into_iter().unzip();
+            let release = || store::release(&self.pool, &ids, &tokens);
+            // Not handed back: the new lease expires and the row is delivered then.
+            let _ = retrying("hand back", self.config.lease_timeout, release).await;
+        }
         for (ack, _) in held {
             if done.contains(&ack.event_id) {
                 written.done.push(ack);

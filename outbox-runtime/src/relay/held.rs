@@ -156,6 +156,31 @@ impl Held {
         self.0.settled.notify_waiters();
     }
 
+    /// Settles rows whose acknowledgement was written under the given tokens. Returns those this
+    /// relay leased again while the statement ran, with their new tokens: the entry took the new
+    /// token so that an acknowledgement still to be written would carry it, but this one was
+    /// written under the old token, so the new lease has no delivery here and must be handed
+    /// back (else the row waits out the lease). One lock, so a lease recorded later finds no
+    /// entry and delivers the row anew.
+    pub(crate) fn settle_written(
+        &self,
+        written: impl IntoIterator<Item = (Uuid, Uuid)>,
+    ) -> Vec<(Uuid, Uuid)> {
+        let mut leases = self.lock();
+        let mut leased_again = Vec::new();
+        for (event_id, token) in written {
+            if let Some(entry) = leases.remove(&event_id) {
+                self.0.rows.0.fetch_sub(1, SeqCst);
+                if entry.token != token {
+                    leased_again.push((event_id, entry.token));
+                }
+            }
+        }
+        drop(leases);
+        self.0.settled.notify_waiters();
+        leased_again
+    }
+
     /// Every held row: the lease counts no expiry when it leases one of them again.
     pub(crate) fn ids(&self) -> Vec<Uuid> {
         self.lock().keys().copied().collect()
