@@ -52,8 +52,11 @@ async fn dead_event(pool: &PgPool) -> Uuid {
     id
 }
 
+/// The text of the element `css`, waiting (up to 30 s) for it to appear: a click or a form
+/// submission returns before the page it leads to has loaded.
 async fn text(browser: &Browser, css: &str) -> String {
-    browser.client.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
+    let element = browser.client.wait().for_element(Locator::Css(css)).await.unwrap();
+    element.text().await.unwrap()
 }
 
 async fn log_in(browser: &Browser, served: &Served) {
@@ -62,6 +65,8 @@ async fn log_in(browser: &Browser, served: &Served) {
     browser.screenshot("login").await;
     let form = browser.client.form(Locator::Css("form.login")).await.unwrap();
     form.set_by_name("token", TOKEN).await.unwrap().submit().await.unwrap();
+    // Logged in once the overview is there.
+    browser.client.wait().for_element(Locator::Css("#pending")).await.unwrap();
 }
 
 /// Reloads `path` until the element `css` reads `expected`.
