@@ -29,6 +29,11 @@ fn assert_secure(response: &reqwest::Response) {
     assert_eq!(response.headers()["cache-control"], "no-store");
 }
 
+/// The JSON a request is answered with.
+async fn answer(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 async fn logged_in(served: &Served) -> String {
     let response = client()
         .post(format!("{}/login", served.url))
@@ -435,25 +440,11 @@ async fn the_api_reads_and_acts_with_the_token(pool: PgPool) {
     assert!(!row_state(&pool, timeouts[1]).await.dead && row_state(&pool, refused).await.dead);
 
     let body = serde_json::json!({ "aggregate_type": "order", "event_type": "order.placed", "reason": "mailer down" });
-    let paused: Value = call(reqwest::Method::POST, "pause")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let paused = answer(call(reqwest::Method::POST, "pause").json(&body)).await;
     assert_eq!(paused["paused"], true);
     let listed = pauses::paused(&pool).await.unwrap();
     assert_eq!(listed[0].reason.as_deref(), Some("mailer down"));
-    let resumed: Value = call(reqwest::Method::POST, "resume")
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let resumed = answer(call(reqwest::Method::POST, "resume").json(&body)).await;
     assert_eq!(resumed["resumed"], true);
     assert!(pauses::paused(&pool).await.unwrap().is_empty());
 }
