@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_runtime::{Backoff, DeadOrderedEvents, EventContext, Relay, RelayCounts};
+use outbox_runtime::{Backoff, DeadOrderedEvents, EventContext, LeaseMode, Relay, RelayCounts};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 use support::accounts::*;
@@ -765,4 +765,64 @@ async fn a_relay_of_ordered_events_keeps_its_leases_small(pool: PgPool) {
     for account in [0, 517, 999] {
         assert_eq!(log.of(account).iter().map(|&(n, _)| n).collect::<Vec<_>>(), [0, 1, 2]);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Behind a hot aggregate
+// ---------------------------------------------------------------------------------------------
+
+/// Leases of one row read a window of four rows of the pending index: behind account 1's first
+/// event, in flight, its seven others fill it, and the other accounts' events lie beyond it,
+/// found by their aggregates' heads. Each account in emit order, account 2's dead first event
+/// skipped past, and account 1 holding nobody back.
+async fn events_behind_a_hot_aggregate(pool: PgPool, mode: LeaseMode) {
+    migrated(&pool).await;
+    emit_committed(&pool, &(1..=8).map(|n| posted(1, n)).collect::<Vec<_>>()).await;
+    let behind = [posted(2, 1), posted(2, 2), posted(3, 1), posted(3, 2)];
+    let behind = emit_committed(&pool, &behind).await;
+    sqlx::query(
+        "UPDATE outbox.events SET dead_at = now(), last_error = 'poison' WHERE event_id = $1",
+    )
+    .bind(behind[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let log = Log::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(log.clone())
+            .handler(slow_posted)
+            .batch_size(1)
+            .lease_mode(mode)
+            .dead_ordered_events(DeadOrderedEvents::SkipPast),
+    );
+    eventually("every live event is published", || async {
+        outbox_runtime::stats(&pool).await.unwrap().pending == 0
+    })
+    .await;
+    let counts = relay.stop().await;
+
+    let ns = |account| log.of(account).iter().map(|&(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(ns(1), (1..=8).collect::<Vec<_>>(), "account 1 in emit order");
+    assert_eq!(ns(2), [2], "account 2's dead event skipped past");
+    assert_eq!(ns(3), [1, 2], "account 3 in emit order");
+    assert_eq!(counts.delivered, 11, "each live event once");
+    let position = |account, n| log.all().iter().position(|s| (s.account, s.n) == (account, n));
+    assert!(
+        position(3, 2) < position(1, 8),
+        "account 3 waited for account 1's backlog: {:?}",
+        log.all().iter().map(|s| (s.account, s.n)).collect::<Vec<_>>()
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn events_behind_a_hot_aggregate_are_found_by_their_heads(pool: PgPool) {
+    events_behind_a_hot_aggregate(pool, LeaseMode::Written).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn events_behind_a_hot_aggregate_are_found_by_their_heads_in_a_held_transaction(
+    pool: PgPool,
+) {
+    events_behind_a_hot_aggregate(pool, LeaseMode::HeldTransaction).await;
 }

@@ -7,6 +7,7 @@ use outbox_runtime::OutboxEvent;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::cpu;
 use crate::emit::{self, Extra};
 use crate::events::Credited;
 
@@ -78,7 +79,26 @@ impl Writer {
 /// `producers` tasks each commit one event per transaction, written by `writer`, nothing else,
 /// for `duration`; returns events per second.
 pub async fn inserts(pool: &PgPool, producers: usize, duration: Duration, writer: Writer) -> f64 {
-    emit::per_second(producers, duration, |p, until| {
+    inserts_costed(pool, producers, duration, writer).await.rate
+}
+
+/// What one writer's turn achieved.
+struct Turn {
+    /// Transactions (one event each) per second.
+    rate: f64,
+    /// CPU this process spent per transaction, in microseconds: the client's side.
+    client_micros: f64,
+}
+
+/// [`inserts`], with the bench process's own CPU per transaction.
+async fn inserts_costed(
+    pool: &PgPool,
+    producers: usize,
+    duration: Duration,
+    writer: Writer,
+) -> Turn {
+    let cpu_before = cpu::own_secs();
+    let rate = emit::per_second(producers, duration, |p, until| {
         let pool = pool.clone();
         async move {
             let mut done = 0;
@@ -91,27 +111,32 @@ pub async fn inserts(pool: &PgPool, producers: usize, duration: Duration, writer
             done
         }
     })
-    .await
+    .await;
+    let transactions = rate * duration.as_secs_f64();
+    Turn { rate, client_micros: (cpu::own_secs() - cpu_before) * 1e6 / transactions.max(1.0) }
 }
 
-/// Each writer's events per second, one event per transaction: `rounds` turns of `duration`
-/// each, the order rotated by `first` and each round, so drift (the tables growing, the
-/// machine's other load) falls on all three. In [`Writer::ALL`]'s order.
+/// Each writer's events per second and the bench's own CPU per event (microseconds), one event
+/// per transaction: `rounds` turns of `duration` each, the order rotated by `first` and each
+/// round, so drift (the tables growing, the machine's other load) falls on all three. In
+/// [`Writer::ALL`]'s order.
 pub async fn floor(
     pool: &PgPool,
     producers: usize,
     duration: Duration,
     rounds: usize,
     first: usize,
-) -> [f64; 3] {
-    let mut rates = [0.0; 3];
+) -> ([f64; 3], [f64; 3]) {
+    let (mut rates, mut client_micros) = ([0.0; 3], [0.0; 3]);
     for round in 0..rounds {
         for turn in 0..3 {
             let w = (first + round + turn) % 3;
-            rates[w] += inserts(pool, producers, duration, Writer::ALL[w]).await / rounds as f64;
+            let turn = inserts_costed(pool, producers, duration, Writer::ALL[w]).await;
+            rates[w] += turn.rate / rounds as f64;
+            client_micros[w] += turn.client_micros / rounds as f64;
         }
     }
-    rates
+    (rates, client_micros)
 }
 
 /// The business transaction (emit.rs) with one emit, and with one bare INSERT instead, in

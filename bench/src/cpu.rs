@@ -15,6 +15,18 @@ pub struct Spent {
     pub utilization: f64,
 }
 
+/// CPU seconds this process (the bench, its clients) has spent so far, user and system, from
+/// `/proc/self/stat`: what the client side of a workload costs, apart from the server's.
+pub fn own_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat is readable");
+    // The command name, field 2, is in parentheses and may hold spaces: count from after it.
+    let after_name = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, the 12th and 13th after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / TICKS_PER_SECOND
+}
+
 /// Clock ticks per second in `/proc/stat` (`USER_HZ`, 100 on every Linux the bench runs on).
 const TICKS_PER_SECOND: f64 = 100.0;
 

@@ -452,8 +452,12 @@ async fn main() {
         if args.runs("insert_floor") {
             let db = Database::fresh(&args.url, "insert_floor").await;
             bare::schema(&db.pool).await;
-            let [emit, sql, floor] = bare::floor(&db.pool, 8, secs, 3, run).await;
+            let ([emit, sql, floor], [emit_cpu, sql_cpu, floor_cpu]) =
+                bare::floor(&db.pool, 8, secs, 3, run).await;
             db.drop().await;
+            s.add("insert_floor emit client us", emit_cpu);
+            s.add("insert_floor sql client us", sql_cpu);
+            s.add("insert_floor bare client us", floor_cpu);
             s.add("insert_floor emit tx/s", emit);
             s.add("insert_floor sql tx/s", sql);
             s.add("insert_floor bare tx/s", floor);
@@ -1176,6 +1180,18 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("insert_floor sql tx/s")
             ),
             target(m("bare vs emit alone") <= 1.1 && m("bare vs sql insert") <= 1.1, "≤ 1.1x"),
+        ),
+        (
+            "the bench process's own CPU per transaction there (the client side): emit / the \
+             same INSERT from SQL / bare INSERT"
+                .into(),
+            format!(
+                "{:.1} / {:.1} / {:.1} µs",
+                m("insert_floor emit client us"),
+                m("insert_floor sql client us"),
+                m("insert_floor bare client us")
+            ),
+            String::new(),
         ),
         (
             "wake-ups: 1 producer at 5 events/s, 1 idle relay (defaults)".into(),

@@ -313,7 +313,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// backlog: 100 rows while it keeps up, doubling while leases come back full, up to 1,000
     /// (a large backlog drains fastest in large leases); a relay whose handlers all take
     /// ordered events leases 100 (an ordered row waits for its predecessor, and a larger lease
-    /// only reads further past the rows that wait). A fixed size turns that off.
+    /// reads further past the rows that wait). A fixed size turns that off.
     ///
     /// Either way a relay leases no more than its handlers, at their average duration, start
     /// within a third of the lease timeout.
