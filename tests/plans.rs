@@ -120,6 +120,60 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             local: None,
         },
         Statement {
+            name: "lease_ordered",
+            sql: hooks::LEASE_ORDERED,
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!("{lease_args}, {FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "lease_any_ordered",
+            sql: hooks::LEASE_ANY_ORDERED,
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "lease_one_ordered",
+            sql: hooks::LEASE_ONE_ORDERED,
+            parameters: LEASE_PARAMETERS,
+            first: format!("{lease_args}, {FROM_HEAD}"),
+            measured: format!("{lease_args}, {FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold_one_ordered",
+            sql: hooks::HOLD_ONE_ORDERED,
+            parameters: HOLD_PARAMETERS,
+            first: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            measured: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold_ordered",
+            sql: hooks::HOLD_ORDERED,
+            parameters: HOLD_PARAMETERS,
+            first: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            measured: format!("{lease_args}, {HOLD_FROM_HEAD}"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
+            name: "hold_any_ordered",
+            sql: hooks::HOLD_ANY_ORDERED,
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
+            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            touches: 100,
+            local: None,
+        },
+        Statement {
             name: "purge",
             sql: hooks::PURGE_PUBLISHED,
             parameters: "bigint, bigint",
@@ -444,14 +498,12 @@ async fn a_lease_over_many_types_locks_only_what_it_leases_on_the_plan_of_an_emp
     let lease =
         format!("{args}, {aggregates}, {}, {versions}, {nulls}, {nulls}, '{{}}'", list(&names));
     let lease_any = format!("{args}, {aggregates}, {}, {versions}, '{{}}'", list(&names));
+    let any_parameters = "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]";
     let statements = [
-        ("lease", hooks::LEASE, LEASE_PARAMETERS, lease),
-        (
-            "lease_any",
-            hooks::LEASE_ANY,
-            "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
-            lease_any,
-        ),
+        ("lease", hooks::LEASE, LEASE_PARAMETERS, lease.clone()),
+        ("lease_any", hooks::LEASE_ANY, any_parameters, lease_any.clone()),
+        ("lease_ordered", hooks::LEASE_ORDERED, LEASE_PARAMETERS, lease),
+        ("lease_any_ordered", hooks::LEASE_ANY_ORDERED, any_parameters, lease_any),
     ];
 
     let mut relay = pool.acquire().await.unwrap().detach();
@@ -500,10 +552,10 @@ async fn a_lease_over_many_types_locks_only_what_it_leases_on_the_plan_of_an_emp
 }
 
 /// Ordered rows held by a few aggregates: behind each aggregate's event in flight wait all its
-/// later ones, at the head of the pending index. A lease reads a window of four times its size
-/// of them, then finds the heads of the aggregates beyond it by a skip scan, one probe per
-/// aggregate. The first version read every waiting row (20,000 rows in 430 ms for 10), whatever
-/// the plan; here on the plans of an empty outbox.
+/// later ones, at the head of the pending index. The lease of a relay whose types may be ordered
+/// reads a window of four times its size of them, then finds the heads of the aggregates beyond
+/// it by a skip scan, one probe per aggregate. The first version read every waiting row (20,000
+/// rows in 430 ms for 10), whatever the plan; here on the plans of an empty outbox.
 #[sqlx::test(migrations = false)]
 async fn a_lease_reads_no_ordered_rows_waiting_behind_their_aggregates_head(pool: PgPool) {
     migrated(&pool).await;
@@ -524,12 +576,12 @@ async fn a_lease_reads_no_ordered_rows_waiting_behind_their_aggregates_head(pool
         local: None,
     };
     let statements = [
-        statement("lease", hooks::LEASE, LEASE_PARAMETERS, FROM_HEAD),
-        statement("lease_one", hooks::LEASE_ONE, LEASE_PARAMETERS, FROM_HEAD),
-        statement("hold_one", hooks::HOLD_ONE, HOLD_PARAMETERS, HOLD_FROM_HEAD),
-        statement("hold", hooks::HOLD, HOLD_PARAMETERS, HOLD_FROM_HEAD),
-        // A relay of another, unordered type of the same aggregates, with nothing to lease.
-        statement("lease_other", hooks::LEASE_ONE, LEASE_PARAMETERS, OTHER_FROM_HEAD),
+        statement("lease", hooks::LEASE_ORDERED, LEASE_PARAMETERS, FROM_HEAD),
+        statement("lease_one", hooks::LEASE_ONE_ORDERED, LEASE_PARAMETERS, FROM_HEAD),
+        statement("hold_one", hooks::HOLD_ONE_ORDERED, HOLD_PARAMETERS, HOLD_FROM_HEAD),
+        statement("hold", hooks::HOLD_ORDERED, HOLD_PARAMETERS, HOLD_FROM_HEAD),
+        // Another, unordered type of the same aggregates, with nothing to lease.
+        statement("lease_other", hooks::LEASE_ONE_ORDERED, LEASE_PARAMETERS, OTHER_FROM_HEAD),
     ];
     let (other, statements) = statements.split_last().unwrap();
     let mut relay = pool.acquire().await.unwrap().detach();
