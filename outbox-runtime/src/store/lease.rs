@@ -190,33 +190,17 @@ macro_rules! first_in_aggregate {
     };
 }
 
-/// The conditions under which an index entry of `$r` and its row are of the type `h`
-/// (`aggregate_type`, `event_type`, `newest_version`), past `$position` (a comparison of
-/// `($r.available_at, $r.seq)`, for the index scan to start at), and available to lease but for
-/// their order in an aggregate.
+/// The conditions under which the row `r` is of the type `h` (`aggregate_type`, `event_type`,
+/// `newest_version`), past `$position` (a comparison of `(r.available_at, r.seq)`, for the index
+/// scan to start at), and available to lease but for its order in an aggregate.
 macro_rules! pending_of_type {
-    ($r:literal, $position:expr) => {
+    ($position:expr) => {
         concat!(
-            $r,
-            ".aggregate_type = h.aggregate_type AND ",
-            $r,
-            ".event_type = h.event_type \
-             AND (",
-            $r,
-            ".available_at, ",
-            $r,
-            ".seq) ",
+            "r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
+             AND (r.available_at, r.seq) ",
             $position,
-            " AND ",
-            $r,
-            ".published_at IS NULL AND ",
-            $r,
-            ".dead_at IS NULL \
-             AND ",
-            $r,
-            ".available_at <= now() AND ",
-            $r,
-            ".event_version <= h.newest_version"
+            " AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
+             AND r.event_version <= h.newest_version"
         )
     };
 }
@@ -238,7 +222,7 @@ macro_rules! leasable_rows {
             "SELECT ",
             $columns,
             " FROM outbox.events r WHERE ",
-            pending_of_type!("r", $position),
+            pending_of_type!($position),
             " AND ",
             first_in_aggregate!(),
             " ORDER BY r.available_at, r.seq LIMIT ",
@@ -251,11 +235,11 @@ macro_rules! leasable_rows {
         concat!(
             "SELECT ",
             $columns,
-            " FROM (SELECT w.ctid AS window_ctid, w.available_at AS window_at, \
-                           w.seq AS window_seq \
-                    FROM outbox.events w WHERE ",
-            pending_of_type!("w", $position),
-            " ORDER BY w.available_at, w.seq LIMIT 4 * $1) w \
+            " FROM (SELECT r.ctid AS window_ctid, r.available_at AS window_at, \
+                           r.seq AS window_seq \
+                    FROM outbox.events r WHERE ",
+            pending_of_type!($position),
+            " ORDER BY r.available_at, r.seq LIMIT 4 * $1) w \
              JOIN outbox.events r ON r.ctid = w.window_ctid \
              WHERE r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
                AND ",
@@ -289,18 +273,12 @@ macro_rules! with_ordered_heads {
             "), ordered_heads AS ( \
                  WITH RECURSIVE aggregates AS ( \
                      SELECT f.aggregate_type, f.aggregate_id \
-                     FROM (SELECT DISTINCT t.aggregate_type FROM ",
+                     FROM (SELECT DISTINCT h.aggregate_type FROM ",
             $types,
-            " AS t(aggregate_type, event_type, newest_version, from_at, from_seq) \
-                           WHERE (SELECT o.ordered FROM outbox.events o \
-                                  WHERE o.aggregate_type = t.aggregate_type \
-                                    AND o.event_type = t.event_type \
-                                    AND (o.available_at, o.seq) > \
-                                        (coalesce(t.from_at, '-infinity'), coalesce(t.from_seq, 0)) \
-                                    AND o.published_at IS NULL AND o.dead_at IS NULL \
-                                    AND o.available_at <= now() \
-                                    AND o.event_version <= t.newest_version \
-                                  ORDER BY o.available_at, o.seq LIMIT 1)) t \
+            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
+                           WHERE (SELECT r.ordered FROM outbox.events r WHERE ",
+            pending_of_type!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
+            " ORDER BY r.available_at, r.seq LIMIT 1)) t \
                      CROSS JOIN LATERAL ( \
                          SELECT u.aggregate_type, u.aggregate_id FROM outbox.events u \
                          WHERE u.ordered AND u.published_at IS NULL \
