@@ -10,38 +10,83 @@ use outbox_runtime::{LeaseMode, OutboxEvent};
 use sqlx::{Connection, PgPool, Row};
 use uuid::Uuid;
 
+use crate::cpu::{self, Cpu};
 use crate::db::{self, Database};
 use crate::events::{credited, Credited};
 use crate::relay::{self, Calls, Setup};
 
+/// What one drain achieved, and what it cost per event.
+pub struct Drain {
+    pub events_per_second: f64,
+    /// CPU this process spent per event, in microseconds: the relay (or the plain SQL worker)
+    /// with its handler, and the bench's own timer.
+    pub own_micros: f64,
+    /// CPU the whole machine spent per event (PostgreSQL's backends included), in microseconds.
+    pub machine_micros: f64,
+}
+
+impl Drain {
+    /// Measures `drain`, which drains `events` and returns its rate.
+    async fn measure(events: usize, drain: impl std::future::Future<Output = f64>) -> Drain {
+        let (own, machine) = (cpu::own_secs(), Cpu::now());
+        let events_per_second = drain.await;
+        let per_event = 1e6 / events as f64;
+        Drain {
+            events_per_second,
+            own_micros: (cpu::own_secs() - own) * per_event,
+            machine_micros: machine.since().busy_secs * per_event,
+        }
+    }
+}
+
 /// One relay (defaults: concurrency 16, leases sized by the relay) in `lease_mode` drains
-/// `events`, deleting delivered rows if `delete`, else marking them published; returns events/s.
-pub async fn relay(url: &str, events: usize, delete: bool, lease_mode: LeaseMode) -> f64 {
+/// `events`, deleting delivered rows if `delete`, else marking them published.
+pub async fn relay(url: &str, events: usize, delete: bool, lease_mode: LeaseMode) -> Drain {
     let db = Database::fresh(url, "delete").await;
     db::backlog(&db.pool, events, credited).await;
     let setup = Setup { delete, lease_mode, ..Setup::defaults(1) };
-    let drained = relay::drain(&db.pool, events, setup).await;
-    assert_eq!(drained.duplicates, 0, "the relay called a handler twice for one event");
+    let mut duplicates = 0;
+    let drain = Drain::measure(events, async {
+        let drained = relay::drain(&db.pool, events, setup).await;
+        duplicates = drained.duplicates;
+        drained.events_per_second
+    })
+    .await;
+    assert_eq!(duplicates, 0, "the relay called a handler twice for one event");
     let kept = if delete { 0 } else { events as i64 };
     check(&db.pool, kept).await;
     db.drop().await;
-    drained.events_per_second
+    drain
 }
 
 /// The same drain by plain SQL: one worker on one connection, each batch one transaction that
 /// selects and locks up to `batch` of the oldest pending rows, decodes each and counts a
-/// handler call (the relay's handler does no more), deletes them by id and commits. Returns
-/// events/s.
+/// handler call (the relay's handler does no more), deletes them by id and commits.
 ///
 /// The select names the benchmark's one event type, as the relay's lease does, so it reads the
 /// same per-type pending index. Without it no index gives the `available_at, seq` order (the
 /// pending rows' only index leads with the type), and every batch would scan and sort every
 /// pending row: 64 ms a batch at 20,000 rows, a baseline no one would write twice.
-pub async fn plain_sql(url: &str, events: usize, batch: i64) -> f64 {
+pub async fn plain_sql(url: &str, events: usize, batch: i64) -> Drain {
     let db = Database::fresh(url, "delete_sql").await;
     db::backlog(&db.pool, events, credited).await;
     let calls = Calls::default();
     let mut conn = db.pool.acquire().await.unwrap();
+    let drain = Drain::measure(events, drain_by_sql(&mut conn, &calls, events, batch)).await;
+    drop(conn);
+    assert_eq!(calls.load(Ordering::Relaxed), events as u64, "plain SQL handled an event twice");
+    check(&db.pool, 0).await;
+    db.drop().await;
+    drain
+}
+
+/// [`plain_sql`]'s loop on `conn`; returns events/s.
+async fn drain_by_sql(
+    conn: &mut sqlx::PgConnection,
+    calls: &Calls,
+    events: usize,
+    batch: i64,
+) -> f64 {
     let started = Instant::now();
     let mut delivered = 0;
     while delivered < events {
@@ -74,12 +119,7 @@ pub async fn plain_sql(url: &str, events: usize, batch: i64) -> f64 {
         tx.commit().await.unwrap();
         delivered += ids.len();
     }
-    let rate = events as f64 / started.elapsed().as_secs_f64();
-    drop(conn);
-    assert_eq!(calls.load(Ordering::Relaxed), events as u64, "plain SQL handled an event twice");
-    check(&db.pool, 0).await;
-    db.drop().await;
-    rate
+    events as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Panics unless no row is pending and `kept` rows are left (published ones, when marking).
