@@ -1129,3 +1129,51 @@ fn dead_row_keeps_a_token_that_acknowledges_it() {
         );
     }
 }
+
+/// Found by this model in a lease that read a bounded window of each type and then looked for
+/// ordered aggregates' heads beyond it (tried on 2026-12-07, not kept): with the window full of
+/// rows waiting behind `a` and `c`, it took the heads in aggregate id order, `c` (aggregate
+/// "0", failed and available again) before `a` (aggregate "2", released earlier). A lease takes
+/// them oldest first.
+#[test]
+fn heads_available_again_are_leased_oldest_first() {
+    use Op::*;
+    let coverage = replay(
+        Settings { max_attempts: 2, max_expired_leases: 1, skip_dead_ordered: false },
+        &[
+            Emit { aggregate: 2, ordered: true, count: 2 }, // a b
+            Emit { aggregate: 0, ordered: true, count: 1 }, // c
+            Emit { aggregate: 0, ordered: true, count: 2 }, // d e
+            Emit { aggregate: 2, ordered: true, count: 1 }, // f
+            Lease { limit: 2 },                             // a c
+            Release { which: 0 },                           // a
+            Fail { which: 0 },                              // c: 1
+            Lease { limit: 1 },                             // a, the older of a and c
+        ],
+    );
+    let expected =
+        Coverage { leased: 3, failed: 1, released: 1, ordered_blocked: 2, ..Coverage::default() };
+    assert_eq!(coverage, expected);
+}
+
+/// Found by the same windowed lease: the ordered type's window of four rows held only rows
+/// waiting behind their heads, so the type dropped out of the lease's shares, and a lease of one
+/// took an unordered row though an ordered head (its lease expired) had waited longest.
+#[test]
+fn the_type_whose_head_waited_longest_gets_a_row_behind_waiting_ones() {
+    use Op::*;
+    replay(
+        Settings { max_attempts: 1, max_expired_leases: 1, skip_dead_ordered: false },
+        &[
+            Emit { aggregate: 0, ordered: false, count: 3 },
+            Emit { aggregate: 1, ordered: true, count: 3 },
+            Emit { aggregate: 0, ordered: true, count: 3 },
+            Lease { limit: 3 },
+            Emit { aggregate: 2, ordered: true, count: 1 },
+            Lease { limit: 1 },
+            Lease { limit: 1 },
+            Expire { which: 0 },
+            Lease { limit: 1 },
+        ],
+    );
+}

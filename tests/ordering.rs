@@ -771,10 +771,10 @@ async fn a_relay_of_ordered_events_keeps_its_leases_small(pool: PgPool) {
 // 7. Behind a hot aggregate
 // ---------------------------------------------------------------------------------------------
 
-/// Leases of one row read a window of four rows of the pending index: behind account 1's first
-/// event, in flight, its seven others fill it, and the other accounts' events lie beyond it,
-/// found by their aggregates' heads. Each account in emit order, account 2's dead first event
-/// skipped past, and account 1 holding nobody back.
+/// Leases of one row, with account 1's eight events emitted first: behind its first event, in
+/// flight, its seven others wait at the head of the pending index, and the other accounts'
+/// events lie behind them. Each account in emit order, account 2's dead first event skipped
+/// past, and account 1 holding nobody back.
 async fn events_behind_a_hot_aggregate(pool: PgPool, mode: LeaseMode) {
     migrated(&pool).await;
     emit_committed(&pool, &(1..=8).map(|n| posted(1, n)).collect::<Vec<_>>()).await;
@@ -816,13 +816,11 @@ async fn events_behind_a_hot_aggregate(pool: PgPool, mode: LeaseMode) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn events_behind_a_hot_aggregate_are_found_by_their_heads(pool: PgPool) {
+async fn events_behind_a_hot_aggregate_are_not_held_back(pool: PgPool) {
     events_behind_a_hot_aggregate(pool, LeaseMode::Written).await;
 }
 
 #[sqlx::test(migrations = false)]
-async fn events_behind_a_hot_aggregate_are_found_by_their_heads_in_a_held_transaction(
-    pool: PgPool,
-) {
+async fn events_behind_a_hot_aggregate_are_not_held_back_in_a_held_transaction(pool: PgPool) {
     events_behind_a_hot_aggregate(pool, LeaseMode::HeldTransaction).await;
 }

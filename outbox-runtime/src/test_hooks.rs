@@ -42,19 +42,6 @@ pub const HOLD: &str = crate::store::HOLD_HANDLED;
 pub const HOLD_ONE: &str = crate::store::HOLD_ONE;
 /// [`LEASE_ANY`] in a held transaction: parameters as [`LEASE_ANY`] but the last.
 pub const HOLD_ANY: &str = crate::store::HOLD_ANY;
-/// [`LEASE`] of a relay whose types may hold ordered events: a bounded window of each type, then
-/// the heads of ordered aggregates beyond it. Parameters as [`LEASE`]; and so on for the others.
-pub const LEASE_ORDERED: &str = crate::store::LEASE_HANDLED_ORDERED;
-/// [`LEASE_ANY`] of a relay whose types may hold ordered events.
-pub const LEASE_ANY_ORDERED: &str = crate::store::LEASE_ANY_ORDERED;
-/// [`LEASE_ONE`] of a relay whose types may hold ordered events.
-pub const LEASE_ONE_ORDERED: &str = crate::store::LEASE_ONE_ORDERED;
-/// [`HOLD`] of a relay whose types may hold ordered events.
-pub const HOLD_ORDERED: &str = crate::store::HOLD_HANDLED_ORDERED;
-/// [`HOLD_ONE`] of a relay whose types may hold ordered events.
-pub const HOLD_ONE_ORDERED: &str = crate::store::HOLD_ONE_ORDERED;
-/// [`HOLD_ANY`] of a relay whose types may hold ordered events.
-pub const HOLD_ANY_ORDERED: &str = crate::store::HOLD_ANY_ORDERED;
 /// Marks rows of a held transaction published: `$1` ids.
 pub const HELD_PUBLISH: &str = crate::store::HELD_PUBLISH;
 /// Deletes rows of a held transaction: `$1` ids.
@@ -116,8 +103,7 @@ pub mod steps {
     pub type Leased = (Uuid, Uuid, i32, i32, bool);
 
     /// Leases up to `limit` rows of the given `(aggregate_type, event_type)` pairs with the
-    /// statement of a relay whose types may hold ordered events, as a relay that holds the rows
-    /// `held`.
+    /// relay's default statement, as a relay that holds the rows `held`.
     pub async fn lease(
         pool: &PgPool,
         types: &[(&str, &str)],
@@ -136,7 +122,6 @@ pub mod steps {
             lease_timeout,
             max_expired_leases,
             skip_dead_ordered,
-            ordered: true,
         };
         let rows = store::lease(pool, &plan, store::Scan::Full, limit, held).await?;
         Ok(rows

@@ -7,9 +7,7 @@ use uuid::Uuid;
 /// Rows read by every scan of a JSON plan (returned, or read and filtered out), times loops.
 pub fn rows_read(node: &serde_json::Value) -> i64 {
     let kind = node["Node Type"].as_str().unwrap_or_default();
-    // A CTE, function or subquery scan passes on rows its child read; it reads no table.
-    let passes_on = ["CTE Scan", "Function Scan", "Subquery Scan", "WorkTable Scan"];
-    let own = if kind.contains("Scan") && !passes_on.contains(&kind) {
+    let own = if kind.contains("Scan") && kind != "CTE Scan" && kind != "Function Scan" {
         let loops = node["Actual Loops"].as_i64().unwrap_or(1);
         let rows = node["Actual Rows"].as_i64().unwrap_or(0)
             + node["Rows Removed by Filter"].as_i64().unwrap_or(0)
@@ -41,7 +39,6 @@ pub fn has_seq_scan(node: &serde_json::Value) -> bool {
 }
 
 /// One statement: its name, SQL, parameter types, and the rows it should touch.
-#[derive(Clone)]
 pub struct Statement {
     pub name: &'static str,
     pub sql: &'static str,

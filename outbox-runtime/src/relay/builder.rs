@@ -313,7 +313,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// backlog: 100 rows while it keeps up, doubling while leases come back full, up to 1,000
     /// (a large backlog drains fastest in large leases); a relay whose handlers all take
     /// ordered events leases 100 (an ordered row waits for its predecessor, and a larger lease
-    /// reads further past the rows that wait). A fixed size turns that off.
+    /// only reads further past the rows that wait). A fixed size turns that off.
     ///
     /// Either way a relay leases no more than its handlers, at their average duration, start
     /// within a third of the lease timeout.
@@ -550,9 +550,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
 
         // Ordered rows become leasable one per aggregate, as their predecessors are published,
-        // and a lease reads past the rows that wait, up to four times its size (BENCHMARKS.md,
-        // "Ordered backlogs"). So a relay that leases only ordered types keeps its leases at the
-        // smallest adaptive size.
+        // and a lease reads past every row that waits: one asking for more rows than are
+        // leasable reads the whole backlog (BENCHMARKS.md, "Ordered backlogs"). So a relay that
+        // leases only ordered types keeps its leases at the smallest adaptive size.
         let only_ordered = forwarded.is_none()
             && config.unknown_events != UnknownEvents::Fail
             && handled.values().all(|(event_type, _)| event_type.ordered());
@@ -570,16 +570,11 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             let wakes_for = types.event_types.clone();
             (LeaseTypes::Only(types), Some(wakes_for))
         };
-        // Forwarded and unknown types may hold ordered events too: only their producers know.
-        let ordered = forwarded.is_some()
-            || every_type
-            || handled.values().any(|(event_type, _)| event_type.ordered());
         let lease_plan = |types| LeasePlan {
             types,
             lease_timeout: config.lease_timeout,
             max_expired_leases,
             skip_dead_ordered: config.dead_ordered_events == DeadOrderedEvents::SkipPast,
-            ordered,
         };
         let plan = Plan {
             lease: lease_plan(types),

@@ -120,11 +120,6 @@ pub(crate) struct LeasePlan {
     pub(crate) max_expired_leases: i32,
     /// Whether a dead ordered event lets the later ones of its aggregate through.
     pub(crate) skip_dead_ordered: bool,
-    /// Whether the types leased may hold ordered events: the leases then read a bounded window
-    /// of each type and look for the heads of ordered aggregates beyond it (the `_ORDERED`
-    /// statements). Events a SQL producer emits ordered under a type no handler of the relay
-    /// declares ordered are delivered in order all the same, by the scan without a bound.
-    pub(crate) ordered: bool,
 }
 
 /// Whether leasing the row `e` counts an expired lease: it was leased, and not by the relay
@@ -190,135 +185,18 @@ macro_rules! first_in_aggregate {
     };
 }
 
-/// The conditions under which the row `r` is of the type `h` (`aggregate_type`, `event_type`,
-/// `newest_version`), past `$position` (a comparison of `(r.available_at, r.seq)`, for the index
-/// scan to start at), and available to lease but for its order in an aggregate.
-macro_rules! pending_of_type {
+/// The conditions under which `r` is a row the relay may lease of the type `h` (`aggregate_type`,
+/// `event_type`, `newest_version`), with `(r.available_at, r.seq)` then `$position` (a
+/// comparison with a position, for the index scan to start at).
+macro_rules! leasable {
     ($position:expr) => {
         concat!(
             "r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
              AND (r.available_at, r.seq) ",
             $position,
             " AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-             AND r.event_version <= h.newest_version"
-        )
-    };
-}
-
-/// Selects `$columns` (of `r`) of up to `$limit` rows of the type `h` the relay may lease, oldest
-/// first, past `$position` (see [`pending_of_type!`]), then `$lock`.
-///
-/// `unbounded`: one index scan that reads until it has `$limit` rows. `ordered`, for a relay
-/// whose types may hold ordered events: it reads a window of four times the lease's size (`$1`)
-/// and stops there, even if it found fewer rows. A scan that went on until it had `$limit` rows
-/// read every waiting row of a type whose rows are held by a few ordered aggregates (one lease
-/// of 100 read 20,000 rows in 430 ms for the 10 it could take); the heads of those aggregates
-/// beyond the window are found by [`with_ordered_heads!`]. Each row of the window is fetched
-/// again by its address (`ctid`, the version the index entry points to) and checked once more,
-/// so a row changed since the window read it (leased, published) is left alone.
-macro_rules! leasable_rows {
-    (unbounded, $position:expr, $columns:expr, $limit:expr, $lock:expr) => {
-        concat!(
-            "SELECT ",
-            $columns,
-            " FROM outbox.events r WHERE ",
-            pending_of_type!($position),
-            " AND ",
-            first_in_aggregate!(),
-            " ORDER BY r.available_at, r.seq LIMIT ",
-            $limit,
-            " ",
-            $lock
-        )
-    };
-    (ordered, $position:expr, $columns:expr, $limit:expr, $lock:expr) => {
-        concat!(
-            "SELECT ",
-            $columns,
-            " FROM (SELECT r.ctid AS window_ctid, r.available_at AS window_at, \
-                           r.seq AS window_seq \
-                    FROM outbox.events r WHERE ",
-            pending_of_type!($position),
-            " ORDER BY r.available_at, r.seq LIMIT 4 * $1) w \
-             JOIN outbox.events r ON r.ctid = w.window_ctid \
-             WHERE r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
-               AND ",
-            first_in_aggregate!(),
-            " ORDER BY w.window_at, w.window_seq LIMIT ",
-            $limit,
-            " ",
-            $lock
-        )
-    };
-}
-
-/// Around `$main`, a query that selects and locks up to `$1` rows of the types `$types` (as
-/// `seq` and the rest of `$columns`, of `r`): when it found fewer, the heads of ordered
-/// aggregates of those types that it did not reach, each its aggregate's first undelivered
-/// ordered event, locked `SKIP LOCKED`, up to `$1` in all.
-///
-/// A skip scan of `events_ordered_undelivered`, one probe per aggregate with undelivered ordered
-/// events, in aggregate id order, stopping once it has enough; waiting rows cost nothing. It
-/// runs only when `$main` came back short (a relay caught up, or the window of
-/// [`leasable_rows!`] full of waiting rows), and only over the aggregate types of the types whose
-/// oldest available row past their position is ordered: a relay of unordered types never visits
-/// the aggregates another relay's ordered events hold. A head is taken only if its type and
-/// version are among `$types`, it is available, and it is not dead (under `SkipPast`, `$5`, the
-/// first live one is the head); a row `$main` took is not taken twice.
-macro_rules! with_ordered_heads {
-    ($types:expr, $main:expr, $columns:expr) => {
-        concat!(
-            "WITH main AS MATERIALIZED (",
-            $main,
-            "), ordered_heads AS ( \
-                 WITH RECURSIVE aggregates AS ( \
-                     SELECT f.aggregate_type, f.aggregate_id \
-                     FROM (SELECT DISTINCT h.aggregate_type FROM ",
-            $types,
-            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
-                           WHERE (SELECT r.ordered FROM outbox.events r WHERE ",
-            pending_of_type!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
-            " ORDER BY r.available_at, r.seq LIMIT 1)) t \
-                     CROSS JOIN LATERAL ( \
-                         SELECT u.aggregate_type, u.aggregate_id FROM outbox.events u \
-                         WHERE u.ordered AND u.published_at IS NULL \
-                           AND u.aggregate_type = t.aggregate_type \
-                         ORDER BY u.aggregate_id, u.seq LIMIT 1 \
-                     ) f \
-                     UNION ALL \
-                     SELECT n.aggregate_type, n.aggregate_id FROM aggregates a CROSS JOIN LATERAL ( \
-                         SELECT u.aggregate_type, u.aggregate_id FROM outbox.events u \
-                         WHERE u.ordered AND u.published_at IS NULL \
-                           AND u.aggregate_type = a.aggregate_type \
-                           AND u.aggregate_id > a.aggregate_id \
-                         ORDER BY u.aggregate_id, u.seq LIMIT 1 \
-                     ) n \
-                 ) \
-                 SELECT c.* FROM aggregates a \
-                 CROSS JOIN LATERAL ( \
-                     SELECT p.ctid, p.event_type FROM outbox.events p \
-                     WHERE p.ordered AND p.published_at IS NULL \
-                       AND p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id \
-                       AND (p.dead_at IS NULL OR NOT $5) \
-                     ORDER BY p.seq LIMIT 1 \
-                 ) head \
-                 JOIN ",
-            $types,
-            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
-                   ON h.aggregate_type = a.aggregate_type AND h.event_type = head.event_type \
-                 CROSS JOIN LATERAL ( \
-                     SELECT ",
-            $columns,
-            " FROM outbox.events r \
-                     WHERE r.ctid = head.ctid AND r.published_at IS NULL AND r.dead_at IS NULL \
-                       AND r.available_at <= now() AND r.event_version <= h.newest_version \
-                       AND NOT EXISTS (SELECT 1 FROM main m WHERE m.seq = r.seq) \
-                     FOR UPDATE SKIP LOCKED \
-                 ) c \
-                 WHERE (SELECT count(*) FROM main) < $1 \
-                 LIMIT $1 - (SELECT count(*) FROM main) \
-             ) \
-             SELECT * FROM main UNION ALL SELECT * FROM ordered_heads"
+             AND r.event_version <= h.newest_version AND ",
+            first_in_aggregate!()
         )
     };
 }
@@ -369,7 +247,7 @@ macro_rules! with_ordered_heads {
 /// and rows of one ordered aggregate never two at a time: `first_in_aggregate!` sees the rows
 /// this statement already locked as undelivered.
 macro_rules! oldest_per_type {
-    ($types:expr, $window:ident) => {
+    ($types:expr) => {
         concat!(
             "WITH RECURSIVE heads AS ( \
                  SELECT h.aggregate_type, h.event_type, h.newest_version, f.available_at, f.seq, \
@@ -379,16 +257,14 @@ macro_rules! oldest_per_type {
                  FROM ",
             $types,
             " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
-                 CROSS JOIN LATERAL (",
-            leasable_rows!(
-                $window,
-                "> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))",
-                "r.available_at, r.seq, \
-                 extract(epoch FROM now() - r.available_at)::float8 + 0.001 AS waited",
-                "1",
-                ""
-            ),
-            ") f \
+                 CROSS JOIN LATERAL ( \
+                     SELECT r.available_at, r.seq, \
+                            extract(epoch FROM now() - r.available_at)::float8 + 0.001 AS waited \
+                     FROM outbox.events r WHERE ",
+            leasable!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
+            " \
+                     ORDER BY r.available_at, r.seq LIMIT 1 \
+                 ) f \
                  WINDOW by_age AS (ORDER BY f.available_at, f.seq) \
              ), turns AS MATERIALIZED ( \
                  SELECT array_agg(aggregate_type ORDER BY available_at DESC, seq DESC) AS aggregate_types, \
@@ -436,15 +312,14 @@ macro_rules! oldest_per_type {
                                 AS last_at, \
                             (array_agg(c.seq ORDER BY c.available_at DESC, c.seq DESC))[1] \
                                 AS last_seq \
-                     FROM (",
-            leasable_rows!(
-                $window,
-                "> (h.from_at, h.from_seq)",
-                "r.ctid, r.available_at, r.seq",
-                "h.take",
-                "FOR UPDATE OF r SKIP LOCKED"
-            ),
-            ") c \
+                     FROM ( \
+                         SELECT r.ctid, r.available_at, r.seq FROM outbox.events r WHERE ",
+            leasable!("> (h.from_at, h.from_seq)"),
+            " \
+                         ORDER BY r.available_at, r.seq \
+                         LIMIT h.take \
+                         FOR UPDATE SKIP LOCKED \
+                     ) c \
                  ) l \
                  WHERE t.remaining > 0 AND t.turn < 2 * cardinality(o.parts) \
              ) \
@@ -460,20 +335,21 @@ macro_rules! oldest_per_type {
 /// nothing to share out, so the turns of [`oldest_per_type!`] only cost (a third of a lease of
 /// 870 rows, measured).
 macro_rules! one_type {
-    ($types:expr, $columns:expr, $window:ident) => {
+    ($types:expr, $columns:expr) => {
         concat!(
             "SELECT c.* FROM ",
             $types,
             " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
-             CROSS JOIN LATERAL (",
-            leasable_rows!(
-                $window,
-                "> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))",
-                $columns,
-                "$1",
-                "FOR UPDATE OF r SKIP LOCKED"
-            ),
-            ") c"
+             CROSS JOIN LATERAL ( \
+                 SELECT ",
+            $columns,
+            " FROM outbox.events r WHERE ",
+            leasable!("> (coalesce(h.from_at, '-infinity'), coalesce(h.from_seq, 0))"),
+            " \
+                 ORDER BY r.available_at, r.seq \
+                 LIMIT $1 \
+                 FOR UPDATE SKIP LOCKED \
+             ) c"
         )
     };
 }
@@ -544,16 +420,15 @@ macro_rules! pending_types {
 /// took of the type; it reads from the head (NULL) again once it has caught up, and at
 /// least once a second, for the rows that land behind that position (a transaction that
 /// committed late, an event scheduled in the past).
-pub(crate) const LEASE_HANDLED: &str =
-    lease_sql!("$11", oldest_per_type!(handled_types!(), unbounded));
+pub(crate) const LEASE_HANDLED: &str = lease_sql!("$11", oldest_per_type!(handled_types!()));
 
 /// [`LEASE_HANDLED`] for a single type (`$6` to `$10` hold one element each).
 pub(crate) const LEASE_ONE: &str =
-    lease_sql!("$11", one_type!(handled_types!(), "r.ctid, r.available_at, r.seq", unbounded));
+    lease_sql!("$11", one_type!(handled_types!(), "r.ctid, r.available_at, r.seq"));
 
 /// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions
 /// (`$9`: the rows the relay holds).
-pub(crate) const LEASE_ANY: &str = lease_sql!("$9", oldest_per_type!(pending_types!(), unbounded));
+pub(crate) const LEASE_ANY: &str = lease_sql!("$9", oldest_per_type!(pending_types!()));
 
 /// What the held-transaction lease returns of each row `r`, in [`lease_sql!`]'s order, then
 /// the address of the row version it locked (see [`hold`]).
@@ -585,70 +460,14 @@ macro_rules! hold_sql {
 
 /// [`LEASE_HANDLED`] in a held transaction: locks and reads, writes nothing. Binds what
 /// `LEASE_HANDLED` binds but the held rows; `$2` to `$4` are unused.
-pub(crate) const HOLD_HANDLED: &str = hold_sql!(oldest_per_type!(handled_types!(), unbounded));
+pub(crate) const HOLD_HANDLED: &str = hold_sql!(oldest_per_type!(handled_types!()));
 
 /// [`LEASE_ONE`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`]: the rows
 /// come straight from the scan that locks them.
-pub(crate) const HOLD_ONE: &str = one_type!(handled_types!(), held_columns!(), unbounded);
+pub(crate) const HOLD_ONE: &str = one_type!(handled_types!(), held_columns!());
 
 /// [`LEASE_ANY`] in a held transaction, as [`HOLD_HANDLED`] is [`LEASE_HANDLED`].
-pub(crate) const HOLD_ANY: &str = hold_sql!(oldest_per_type!(pending_types!(), unbounded));
-
-/// The ordered variants of the statements above, for relays whose types may hold ordered
-/// events: a window of four times the lease's size of each type's rows, then the heads of the
-/// ordered aggregates beyond it ([`with_ordered_heads!`]). The others do without both: looking
-/// for heads, even finding none, makes a caught-up lease's plan longer to run (a held lease of
-/// one type finding nothing: 0.05 against 0.13 ms in `EXPLAIN ANALYZE`, 160 against 237 µs a
-/// round trip), which every wake-up of every relay would pay.
-pub(crate) const LEASE_HANDLED_ORDERED: &str = lease_sql!(
-    "$11",
-    with_ordered_heads!(
-        handled_types!(),
-        oldest_per_type!(handled_types!(), ordered),
-        "r.ctid, r.available_at, r.seq"
-    )
-);
-
-/// [`LEASE_ONE`] for a relay whose types may hold ordered events.
-pub(crate) const LEASE_ONE_ORDERED: &str = lease_sql!(
-    "$11",
-    with_ordered_heads!(
-        handled_types!(),
-        one_type!(handled_types!(), "r.ctid, r.available_at, r.seq", ordered),
-        "r.ctid, r.available_at, r.seq"
-    )
-);
-
-/// [`LEASE_ANY`] for a relay whose types may hold ordered events.
-pub(crate) const LEASE_ANY_ORDERED: &str = lease_sql!(
-    "$9",
-    with_ordered_heads!(
-        pending_types!(),
-        oldest_per_type!(pending_types!(), ordered),
-        "r.ctid, r.available_at, r.seq"
-    )
-);
-
-/// [`HOLD_HANDLED`] for a relay whose types may hold ordered events.
-pub(crate) const HOLD_HANDLED_ORDERED: &str = hold_sql!(with_ordered_heads!(
-    handled_types!(),
-    oldest_per_type!(handled_types!(), ordered),
-    "r.ctid, r.available_at, r.seq"
-));
-
-/// [`HOLD_ONE`] for a relay whose types may hold ordered events.
-pub(crate) const HOLD_ONE_ORDERED: &str = with_ordered_heads!(
-    handled_types!(),
-    one_type!(handled_types!(), held_columns!(), ordered),
-    held_columns!()
-);
-
-/// [`HOLD_ANY`] for a relay whose types may hold ordered events.
-pub(crate) const HOLD_ANY_ORDERED: &str = hold_sql!(with_ordered_heads!(
-    pending_types!(),
-    oldest_per_type!(pending_types!(), ordered),
-    "r.ctid, r.available_at, r.seq"
-));
+pub(crate) const HOLD_ANY: &str = hold_sql!(oldest_per_type!(pending_types!()));
 
 /// The settings of the relay's own connections. Each statement is planned once and the plan
 /// reused (planning each lease took a fifth of its time), so that plan must stay index-driven
@@ -738,11 +557,9 @@ pub(super) fn lease_query<'q>(
     token: Uuid,
     held: Option<&'q [Uuid]>,
 ) -> Query<'q> {
-    let (handled, one, any) = match (held, plan.ordered) {
-        (Some(_), false) => (LEASE_HANDLED, LEASE_ONE, LEASE_ANY),
-        (Some(_), true) => (LEASE_HANDLED_ORDERED, LEASE_ONE_ORDERED, LEASE_ANY_ORDERED),
-        (None, false) => (HOLD_HANDLED, HOLD_ONE, HOLD_ANY),
-        (None, true) => (HOLD_HANDLED_ORDERED, HOLD_ONE_ORDERED, HOLD_ANY_ORDERED),
+    let (handled, one, any) = match held {
+        Some(_) => (LEASE_HANDLED, LEASE_ONE, LEASE_ANY),
+        None => (HOLD_HANDLED, HOLD_ONE, HOLD_ANY),
     };
     let handled = |types: usize| if types == 1 { one } else { handled };
     let query = |sql| {

@@ -69,11 +69,7 @@ pub(crate) use {
         FAIL, HELD_FAIL, HELD_PUBLISH, HELD_PUBLISH_DELETE, HELD_SNOOZE, PUBLISH, PUBLISH_DELETE,
         PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE, STILL_LEASED,
     },
-    lease::{
-        HOLD_ANY, HOLD_ANY_ORDERED, HOLD_HANDLED, HOLD_HANDLED_ORDERED, HOLD_ONE, HOLD_ONE_ORDERED,
-        LEASE_ANY, LEASE_ANY_ORDERED, LEASE_HANDLED, LEASE_HANDLED_ORDERED, LEASE_ONE,
-        LEASE_ONE_ORDERED,
-    },
+    lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
 };
 /// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
@@ -152,24 +148,21 @@ mod tests {
     fn every_statement_binds_each_parameter_its_sql_names() {
         let (ids, tokens) = (vec![Uuid::nil()], vec![Uuid::nil()]);
         let nil = Uuid::nil();
-        let plan = |types, ordered| LeasePlan {
+        let plan = |types| LeasePlan {
             types,
             lease_timeout: Duration::from_secs(1),
             max_expired_leases: 3,
             skip_dead_ordered: false,
-            ordered,
         };
         let types = || {
             let mut types = TypeVersions::default();
             types.push("order", "order.placed", 1);
             types
         };
-        let only = plan(LeaseTypes::Only(types()), false);
+        let only = plan(LeaseTypes::Only(types()));
         let positions = Positions::default();
         let (from, held) = (Scan::From(&positions), Some(ids.as_slice()));
-        let all = plan(LeaseTypes::All(types()), false);
-        let (only_ordered, all_ordered) =
-            (plan(LeaseTypes::Only(types()), true), plan(LeaseTypes::All(types()), true));
+        let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1), 3);
         let mut snoozes = Snoozes::default();
@@ -209,30 +202,6 @@ mod tests {
             ("hold handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, None))),
             ("hold any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, None))),
             ("hold from", parameters(lease::lease_query(&all, from, 10, nil, None))),
-            (
-                "lease handled ordered",
-                parameters(lease::lease_query(&only_ordered, Scan::Full, 10, nil, held)),
-            ),
-            (
-                "lease any ordered",
-                parameters(lease::lease_query(&all_ordered, Scan::Full, 10, nil, held)),
-            ),
-            (
-                "lease from ordered",
-                parameters(lease::lease_query(&all_ordered, from, 10, nil, held)),
-            ),
-            (
-                "hold handled ordered",
-                parameters(lease::lease_query(&only_ordered, Scan::Full, 10, nil, None)),
-            ),
-            (
-                "hold any ordered",
-                parameters(lease::lease_query(&all_ordered, Scan::Full, 10, nil, None)),
-            ),
-            (
-                "hold from ordered",
-                parameters(lease::lease_query(&all_ordered, from, 10, nil, None)),
-            ),
             ("publish", parameters(ack::publish_query(&ids, &tokens, OnPublish::Mark))),
             ("publish delete", parameters(ack::publish_query(&ids, &tokens, OnPublish::Delete))),
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),

@@ -204,7 +204,6 @@ mod tests {
             lease_timeout: Duration::from_secs(1),
             max_expired_leases: 3,
             skip_dead_ordered: false,
-            ordered: false,
         };
         let relayed = Relayed::of(&plan);
         let statements = [
