@@ -462,13 +462,7 @@ async fn an_aggregates_page_lists_what_holds_it_back_and_all_with_the_optional_i
     .fetch_all(&pool)
     .await
     .unwrap();
-    sqlx::query(
-        "UPDATE outbox.events SET dead_at = now(), last_error = 'refused' WHERE event_id = $1",
-    )
-    .bind(rows[0])
-    .execute(&pool)
-    .await
-    .unwrap();
+    mark_dead(&pool, rows[0], "refused").await;
     emit_committed(&pool, &[OrderPlaced { order_id: order, total_cents: 1 }]).await;
     sqlx::query("UPDATE outbox.events SET published_at = now() WHERE ordered = false")
         .execute(&pool)

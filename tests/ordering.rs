@@ -763,7 +763,7 @@ async fn a_relay_of_ordered_events_keeps_its_leases_small(pool: PgPool) {
     // the deliveries waiting for their acknowledgement.
     assert!(most <= 300, "ordered leases stay at 100 rows: {most} leased at once");
     for account in [0, 517, 999] {
-        assert_eq!(log.of(account).iter().map(|&(n, _)| n).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(log.numbers_of(account), [0, 1, 2]);
     }
 }
 
@@ -780,13 +780,7 @@ async fn events_behind_a_hot_aggregate(pool: PgPool, mode: LeaseMode) {
     emit_committed(&pool, &(1..=8).map(|n| posted(1, n)).collect::<Vec<_>>()).await;
     let behind = [posted(2, 1), posted(2, 2), posted(3, 1), posted(3, 2)];
     let behind = emit_committed(&pool, &behind).await;
-    sqlx::query(
-        "UPDATE outbox.events SET dead_at = now(), last_error = 'poison' WHERE event_id = $1",
-    )
-    .bind(behind[0])
-    .execute(&pool)
-    .await
-    .unwrap();
+    mark_dead(&pool, behind[0], "poison").await;
     let log = Log::default();
     let relay = Running::start(
         fast(Relay::builder(pool.clone()))
@@ -802,10 +796,9 @@ async fn events_behind_a_hot_aggregate(pool: PgPool, mode: LeaseMode) {
     .await;
     let counts = relay.stop().await;
 
-    let ns = |account| log.of(account).iter().map(|&(n, _)| n).collect::<Vec<_>>();
-    assert_eq!(ns(1), (1..=8).collect::<Vec<_>>(), "account 1 in emit order");
-    assert_eq!(ns(2), [2], "account 2's dead event skipped past");
-    assert_eq!(ns(3), [1, 2], "account 3 in emit order");
+    assert_eq!(log.numbers_of(1), (1..=8).collect::<Vec<_>>(), "account 1 in emit order");
+    assert_eq!(log.numbers_of(2), [2], "account 2's dead event skipped past");
+    assert_eq!(log.numbers_of(3), [1, 2], "account 3 in emit order");
     assert_eq!(counts.delivered, 11, "each live event once");
     let position = |account, n| log.all().iter().position(|s| (s.account, s.n) == (account, n));
     assert!(

@@ -7,7 +7,7 @@ use outbox_runtime::OutboxEvent;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::cpu;
+use crate::cpu::Cpu;
 use crate::emit::{self, Extra};
 use crate::events::Credited;
 
@@ -97,7 +97,7 @@ async fn inserts_costed(
     duration: Duration,
     writer: Writer,
 ) -> Turn {
-    let cpu_before = cpu::own_secs();
+    let cpu = Cpu::now();
     let rate = emit::per_second(producers, duration, |p, until| {
         let pool = pool.clone();
         async move {
@@ -113,7 +113,7 @@ async fn inserts_costed(
     })
     .await;
     let transactions = rate * duration.as_secs_f64();
-    Turn { rate, client_micros: (cpu::own_secs() - cpu_before) * 1e6 / transactions.max(1.0) }
+    Turn { rate, client_micros: cpu.since().own_secs * 1e6 / transactions.max(1.0) }
 }
 
 /// Each writer's events per second and the bench's own CPU per event (microseconds), one event

@@ -1,10 +1,12 @@
-//! The whole machine's CPU time, from `/proc/stat`: what a workload cost every process on the
-//! machine (the relay, PostgreSQL, the broker), not only the bench's own.
+//! CPU time, from `/proc/stat`: what a workload cost every process on the machine (the relay,
+//! PostgreSQL, the broker), and from `/proc/self/stat` what of it the bench's own process spent
+//! (an in-process relay, the clients).
 
-/// The machine's CPU counters at one instant, in clock ticks.
+/// The machine's and this process's CPU counters at one instant, in clock ticks.
 pub struct Cpu {
     busy: u64,
     total: u64,
+    own: u64,
 }
 
 /// CPU spent between two readings.
@@ -13,18 +15,18 @@ pub struct Spent {
     pub busy_secs: f64,
     /// The share of the machine's cores that was busy, 0 to 1.
     pub utilization: f64,
+    /// CPU seconds this process spent, user and system, every thread added up.
+    pub own_secs: f64,
 }
 
-/// CPU seconds this process (the bench, its clients) has spent so far, user and system, from
-/// `/proc/self/stat`: what the client side of a workload costs, apart from the server's.
-pub fn own_secs() -> f64 {
+/// Clock ticks this process has spent so far, user and system.
+fn own_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat is readable");
     // The command name, field 2, is in parentheses and may hold spaces: count from after it.
     let after_name = &stat[stat.rfind(')').expect("a command name") + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // utime and stime are fields 14 and 15, the 12th and 13th after the name.
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / TICKS_PER_SECOND
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// Clock ticks per second in `/proc/stat` (`USER_HZ`, 100 on every Linux the bench runs on).
@@ -45,7 +47,7 @@ impl Cpu {
             .collect();
         let idle = ticks[3] + ticks[4];
         let total: u64 = ticks.iter().sum();
-        Cpu { busy: total - idle, total }
+        Cpu { busy: total - idle, total, own: own_ticks() }
     }
 
     pub fn since(&self) -> Spent {
@@ -54,6 +56,7 @@ impl Cpu {
         Spent {
             busy_secs: busy as f64 / TICKS_PER_SECOND,
             utilization: busy as f64 / total.max(1) as f64,
+            own_secs: (now.own - self.own) as f64 / TICKS_PER_SECOND,
         }
     }
 }

@@ -10,7 +10,7 @@ use outbox_runtime::{LeaseMode, OutboxEvent};
 use sqlx::{Connection, PgPool, Row};
 use uuid::Uuid;
 
-use crate::cpu::{self, Cpu};
+use crate::cpu::Cpu;
 use crate::db::{self, Database};
 use crate::events::{credited, Credited};
 use crate::relay::{self, Calls, Setup};
@@ -28,13 +28,13 @@ pub struct Drain {
 impl Drain {
     /// Measures `drain`, which drains `events` and returns its rate.
     async fn measure(events: usize, drain: impl std::future::Future<Output = f64>) -> Drain {
-        let (own, machine) = (cpu::own_secs(), Cpu::now());
+        let cpu = Cpu::now();
         let events_per_second = drain.await;
-        let per_event = 1e6 / events as f64;
+        let (spent, per_event) = (cpu.since(), 1e6 / events as f64);
         Drain {
             events_per_second,
-            own_micros: (cpu::own_secs() - own) * per_event,
-            machine_micros: machine.since().busy_secs * per_event,
+            own_micros: spent.own_secs * per_event,
+            machine_micros: spent.busy_secs * per_event,
         }
     }
 }

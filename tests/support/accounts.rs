@@ -80,6 +80,11 @@ impl Log {
         self.all().iter().filter(|s| s.account == account).map(|s| (s.n, s.attempt)).collect()
     }
 
+    /// `n` of every call for `account`, in call order.
+    pub fn numbers_of(&self, account: u32) -> Vec<u32> {
+        self.of(account).into_iter().map(|(n, _)| n).collect()
+    }
+
     pub fn ids_of(&self, account: u32) -> Vec<Uuid> {
         self.all().iter().filter(|s| s.account == account).map(|s| s.event_id).collect()
     }

@@ -149,6 +149,16 @@ pub struct RowState {
     pub available_now: bool,
 }
 
+/// Marks the event dead with `error`, as a relay does once it gives up on it.
+pub async fn mark_dead(pool: &PgPool, event_id: Uuid, error: &str) {
+    sqlx::query("UPDATE outbox.events SET dead_at = now(), last_error = $2 WHERE event_id = $1")
+        .bind(event_id)
+        .bind(error)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 pub async fn row_state(pool: &PgPool, event_id: Uuid) -> RowState {
     sqlx::query_as(
         "SELECT published_at IS NOT NULL AS published, dead_at IS NOT NULL AS dead, attempts, \

@@ -146,14 +146,7 @@ impl Held {
 
     /// Stops holding rows whose outcome was written (or will never be).
     pub(crate) fn settle(&self, event_ids: impl IntoIterator<Item = Uuid>) {
-        let mut leases = self.lock();
-        for event_id in event_ids {
-            if leases.remove(&event_id).is_some() {
-                self.0.rows.0.fetch_sub(1, SeqCst);
-            }
-        }
-        drop(leases);
-        self.0.settled.notify_waiters();
+        self.remove(event_ids);
     }
 
     /// Settles rows whose acknowledgement was written under the given tokens. Returns those this
@@ -166,19 +159,27 @@ impl Held {
         &self,
         written: impl IntoIterator<Item = (Uuid, Uuid)>,
     ) -> Vec<(Uuid, Uuid)> {
+        let written: HashMap<Uuid, Uuid> = written.into_iter().collect();
+        let removed = self.remove(written.keys().copied());
+        removed
+            .into_iter()
+            .filter(|(event_id, entry)| entry.token != written[event_id])
+            .map(|(event_id, entry)| (event_id, entry.token))
+            .collect()
+    }
+
+    /// Removes the entries of `event_ids` under one lock, and wakes whoever waits for one to
+    /// leave; returns the entries removed.
+    fn remove(&self, event_ids: impl IntoIterator<Item = Uuid>) -> Vec<(Uuid, Entry)> {
         let mut leases = self.lock();
-        let mut leased_again = Vec::new();
-        for (event_id, token) in written {
-            if let Some(entry) = leases.remove(&event_id) {
-                self.0.rows.0.fetch_sub(1, SeqCst);
-                if entry.token != token {
-                    leased_again.push((event_id, entry.token));
-                }
-            }
-        }
+        let removed: Vec<(Uuid, Entry)> = event_ids
+            .into_iter()
+            .filter_map(|event_id| leases.remove(&event_id).map(|entry| (event_id, entry)))
+            .collect();
+        self.0.rows.0.fetch_sub(removed.len(), SeqCst);
         drop(leases);
         self.0.settled.notify_waiters();
-        leased_again
+        removed
     }
 
     /// Every held row: the lease counts no expiry when it leases one of them again.
