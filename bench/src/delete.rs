@@ -13,11 +13,14 @@ use uuid::Uuid;
 use crate::cpu::Cpu;
 use crate::db::{self, Database};
 use crate::events::{credited, Credited};
-use crate::relay::{self, Calls, Setup};
+use crate::relay::{self, Calls, Rate, Setup};
 
 /// What one drain achieved, and what it cost per event.
 pub struct Drain {
     pub events_per_second: f64,
+    /// The rate from the first handler call on: the relay's start-up (its connections, the
+    /// schema check) and first lease left out, and plain SQL's first batch.
+    pub from_first_delivery: f64,
     /// CPU this process spent per event, in microseconds: the relay (or the plain SQL worker)
     /// with its handler, and the bench's own timer.
     pub own_micros: f64,
@@ -26,13 +29,16 @@ pub struct Drain {
 }
 
 impl Drain {
-    /// Measures `drain`, which drains `events` and returns its rate.
-    async fn measure(events: usize, drain: impl std::future::Future<Output = f64>) -> Drain {
+    /// Measures `drain`, which drains `events` and returns its rate and when its first delivery
+    /// came.
+    async fn measure(events: usize, drain: impl std::future::Future<Output = Rate>) -> Drain {
         let cpu = Cpu::now();
-        let events_per_second = drain.await;
+        let Rate { events_per_second, first_delivery } = drain.await;
         let (spent, per_event) = (cpu.since(), 1e6 / events as f64);
+        let after_start = events as f64 / events_per_second - first_delivery.as_secs_f64();
         Drain {
             events_per_second,
+            from_first_delivery: events as f64 / after_start,
             own_micros: spent.own_secs * per_event,
             machine_micros: spent.busy_secs * per_event,
         }
@@ -49,7 +55,10 @@ pub async fn relay(url: &str, events: usize, delete: bool, lease_mode: LeaseMode
     let drain = Drain::measure(events, async {
         let drained = relay::drain(&db.pool, events, setup).await;
         duplicates = drained.duplicates;
-        drained.events_per_second
+        Rate {
+            events_per_second: drained.events_per_second,
+            first_delivery: drained.first_delivery,
+        }
     })
     .await;
     assert_eq!(duplicates, 0, "the relay called a handler twice for one event");
@@ -80,15 +89,15 @@ pub async fn plain_sql(url: &str, events: usize, batch: i64) -> Drain {
     drain
 }
 
-/// [`plain_sql`]'s loop on `conn`; returns events/s.
+/// [`plain_sql`]'s loop on `conn`; returns its rate.
 async fn drain_by_sql(
     conn: &mut sqlx::PgConnection,
     calls: &Calls,
     events: usize,
     batch: i64,
-) -> f64 {
+) -> Rate {
     let started = Instant::now();
-    let mut delivered = 0;
+    let (mut delivered, mut first_delivery) = (0, None);
     while delivered < events {
         let mut tx = conn.begin().await.unwrap();
         let rows = sqlx::query(
@@ -111,6 +120,7 @@ async fn drain_by_sql(
             calls.fetch_add(1, Ordering::Relaxed);
             ids.push(row.get::<Uuid, _>(0));
         }
+        first_delivery.get_or_insert_with(|| started.elapsed());
         sqlx::query("DELETE FROM outbox.events WHERE event_id = ANY($1)")
             .bind(&ids)
             .execute(&mut *tx)
@@ -119,7 +129,8 @@ async fn drain_by_sql(
         tx.commit().await.unwrap();
         delivered += ids.len();
     }
-    events as f64 / started.elapsed().as_secs_f64()
+    let events_per_second = events as f64 / started.elapsed().as_secs_f64();
+    Rate { events_per_second, first_delivery: first_delivery.unwrap_or_default() }
 }
 
 /// Panics unless no row is pending and `kept` rows are left (published ones, when marking).

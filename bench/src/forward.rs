@@ -649,7 +649,7 @@ pub async fn throughput<B: Broker>(url: &str, events: usize, concurrency: usize)
         db::backlog(&db.pool, events, credited).await;
         let relay = Setup::defaults(1).relay(&db.pool, &Calls::default());
         let cpu = Cpu::now();
-        let rate = relay::until_delivered(vec![relay], events).await;
+        let rate = relay::until_delivered(vec![relay], events).await.events_per_second;
         let cpu = cpu.since();
         db.drop().await;
         (rate, cpu)
@@ -670,7 +670,7 @@ pub async fn throughput<B: Broker>(url: &str, events: usize, concurrency: usize)
     let forward = forward(&broker, &batches).await;
     let relay = Relay::builder(db.pool.clone()).forward(forward).concurrency(concurrency);
     let cpu = Cpu::now();
-    let rate = relay::until_delivered(vec![relay.build().unwrap()], events).await;
+    let rate = relay::until_delivered(vec![relay.build().unwrap()], events).await.events_per_second;
     let relay_cpu = cpu.since();
     db.drop().await;
     let held = broker.purge().await;

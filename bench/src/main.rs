@@ -9,7 +9,7 @@
 //! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays, latency_sql). Ratios are computed within each run, then their
+//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -400,6 +400,10 @@ async fn main() {
             let held_marking = delete::relay(&args.url, sizes.drain, false, held).await;
             let sql100 = delete::plain_sql(&args.url, sizes.drain, 100).await;
             let sql300 = delete::plain_sql(&args.url, sizes.drain, 300).await;
+            let held_from_first = held_deleting.from_first_delivery;
+            let sql_from_first = sql100.from_first_delivery.max(sql300.from_first_delivery);
+            s.add("delete held from first events/s", held_from_first);
+            s.add("delete held vs sql from first", held_from_first / sql_from_first);
             s.add("delete held own us", held_deleting.own_micros);
             s.add("delete held machine us", held_deleting.machine_micros);
             s.add("delete sql b300 own us", sql300.own_micros);
@@ -425,6 +429,21 @@ async fn main() {
             s.add("delete held x5 events/s", held_big);
             s.add("delete sql b300 x5 events/s", sql_big);
             s.add("delete held x5 vs sql", held_big / sql_big);
+        }
+
+        // 10b. the held relay's delete drain alone, ten times the drain, beside plain SQL: the
+        // workload to profile the relay's per-event work with (BENCHMARKS.md says how).
+        if args.runs("delete_held") {
+            let events = sizes.drain * 10;
+            let held = delete::relay(&args.url, events, true, LeaseMode::HeldTransaction).await;
+            let sql = delete::plain_sql(&args.url, events, 300).await;
+            s.add("delete_held x10 events/s", held.events_per_second);
+            s.add("delete_held x10 own us", held.own_micros);
+            s.add("delete_held x10 machine us", held.machine_micros);
+            s.add("delete_held sql b300 x10 events/s", sql.events_per_second);
+            s.add("delete_held sql b300 x10 own us", sql.own_micros);
+            s.add("delete_held sql b300 x10 machine us", sql.machine_micros);
+            s.add("delete_held x10 vs sql", held.events_per_second / sql.events_per_second);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.
@@ -1109,6 +1128,17 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
             target(m("delete held vs sql") >= 0.9, "≥ 0.9x"),
         ),
         (
+            "the same, timed from the first handler call on (the relay's start-up and first lease \
+             left out, and plain SQL's first batch)"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} events/s)",
+                m("delete held vs sql from first"),
+                m("delete held from first events/s")
+            ),
+            String::new(),
+        ),
+        (
             "CPU per event there, the bench's process (relay or SQL worker) / the whole machine: \
              held relay deleting vs plain SQL (batch 300)"
                 .into(),
@@ -1134,6 +1164,24 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("delete sql b300 x5 events/s")
             ),
             target(m("delete held x5 vs sql") >= 0.9, "≥ 0.9x"),
+        ),
+        (
+            format!(
+                "drain {} (`--only delete_held`, the workload to profile): held relay deleting vs \
+                 plain SQL (batch 300); CPU per event, process / machine",
+                sizes.drain * 10
+            ),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s; {:.1} / {:.1} µs vs {:.1} / {:.1} µs)",
+                m("delete_held x10 vs sql"),
+                m("delete_held x10 events/s"),
+                m("delete_held sql b300 x10 events/s"),
+                m("delete_held x10 own us"),
+                m("delete_held x10 machine us"),
+                m("delete_held sql b300 x10 own us"),
+                m("delete_held sql b300 x10 machine us")
+            ),
+            String::new(),
         ),
         (
             format!(

@@ -25,6 +25,8 @@ async fn noop<E>(ctx: EventContext<Calls>, _: E) -> Result<(), std::convert::Inf
 /// What one drain measured.
 pub struct Drained {
     pub events_per_second: f64,
+    /// From the relays' start to the first delivery: their start-up and first lease.
+    pub first_delivery: Duration,
     /// Handler calls beyond one per event.
     pub duplicates: u64,
 }
@@ -109,15 +111,29 @@ impl Running {
     }
 }
 
-/// Starts `relays` and runs them until together they delivered `events`; returns events/s
-/// from the start (the relays' start-up included) to the last delivery.
+/// How fast relays delivered: events/s from their start (start-up included) to the last
+/// delivery, and when the first came.
+pub struct Rate {
+    pub events_per_second: f64,
+    pub first_delivery: Duration,
+}
+
+/// Starts `relays` and runs them until together they delivered `events`.
 pub async fn until_delivered<S: Clone + Send + Sync + 'static>(
     relays: Vec<Relay<S>>,
     events: usize,
-) -> f64 {
+) -> Rate {
     let started = Instant::now();
     let running: Vec<Running> = relays.into_iter().map(Running::start).collect();
-    while running.iter().map(Running::delivered).sum::<u64>() < events as u64 {
+    let mut first_delivery = None;
+    loop {
+        let delivered = running.iter().map(Running::delivered).sum::<u64>();
+        if delivered > 0 {
+            first_delivery.get_or_insert_with(|| started.elapsed());
+        }
+        if delivered >= events as u64 {
+            break;
+        }
         if running.iter().any(|r| r.task.is_finished()) {
             // A relay stopped early (a sink failing its start check): show why.
             for relay in running {
@@ -127,7 +143,10 @@ pub async fn until_delivered<S: Clone + Send + Sync + 'static>(
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let rate = events as f64 / started.elapsed().as_secs_f64();
+    let rate = Rate {
+        events_per_second: events as f64 / started.elapsed().as_secs_f64(),
+        first_delivery: first_delivery.unwrap_or_default(),
+    };
     for relay in running {
         relay.stop().await;
     }
@@ -138,8 +157,9 @@ pub async fn until_delivered<S: Clone + Send + Sync + 'static>(
 pub async fn drain(pool: &PgPool, events: usize, setup: Setup) -> Drained {
     let calls = Calls::default();
     let relays = (0..setup.relays).map(|_| setup.relay(pool, &calls)).collect();
-    let rate = until_delivered(relays, events).await;
-    Drained { events_per_second: rate, duplicates: calls.load(Ordering::Relaxed) - events as u64 }
+    let Rate { events_per_second, first_delivery } = until_delivered(relays, events).await;
+    let duplicates = calls.load(Ordering::Relaxed) - events as u64;
+    Drained { events_per_second, first_delivery, duplicates }
 }
 
 /// `producers` tasks each commit one event per transaction for `duration`, as fast as they can

@@ -151,7 +151,7 @@ async fn observed(url: &str, events: usize) -> Observed {
         (middle, samples)
     };
     let drain = async {
-        let rate = relay::until_delivered(vec![relay], events).await;
+        let rate = relay::until_delivered(vec![relay], events).await.events_per_second;
         done.store(true, Ordering::Relaxed);
         rate
     };

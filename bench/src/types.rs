@@ -138,6 +138,6 @@ async fn drain(pool: &PgPool, events: usize, relays: usize) -> (f64, u64) {
                 .unwrap()
         })
         .collect();
-    let rate = relay::until_delivered(relays, events).await;
+    let rate = relay::until_delivered(relays, events).await.events_per_second;
     (rate, calls.load(Ordering::Relaxed) - events as u64)
 }

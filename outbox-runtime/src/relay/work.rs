@@ -182,7 +182,8 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         }
         while self.tasks.len() < concurrency {
             let Some(delivery) = self.queue.pop_front() else { break };
-            self.tasks.spawn(delivery.run());
+            // Boxed: spawning moves a future several times, and a delivery's is large.
+            self.tasks.spawn(delivery.run().boxed());
         }
     }
 
