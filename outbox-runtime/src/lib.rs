@@ -109,6 +109,7 @@ mod error;
 mod event;
 pub mod events;
 pub mod forward;
+pub mod inbox;
 mod json;
 #[cfg(feature = "schemars")]
 mod json_schema;

@@ -71,9 +71,11 @@ pub use config::{
 };
 pub use context::EventContext;
 pub(crate) use context::RowMeta;
+pub(crate) use deliver::panic_text;
 pub(crate) use handler::Route;
 pub use handler::{Handler, HandlerContext};
 pub use metrics::{RelayCounts, RelayMetrics};
+pub(crate) use outcome::Verdict;
 pub use outcome::{Reject, Snooze};
 pub use transactional::TransactionContext;
 

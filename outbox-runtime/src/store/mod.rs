@@ -25,6 +25,7 @@ macro_rules! on_indexes {
 mod ack;
 mod activity;
 mod emit;
+pub(crate) mod inbox;
 mod lease;
 mod lookup;
 mod ops;
@@ -195,6 +196,22 @@ mod tests {
             handles: vec!["order/order.placed".to_owned()],
             forwards: None,
         };
+        let inbox_key = inbox::InboxKey {
+            consumer: "c",
+            event_id: Uuid::nil(),
+            aggregate_type: "order",
+            aggregate_id: "1",
+            event_type: "order.placed",
+            version: 1,
+        };
+        let headers = serde_json::json!({});
+        let inbox_failure = inbox::InboxFailure {
+            error: "boom",
+            rejected: false,
+            max_attempts: 3,
+            payload: "{}",
+            headers: &headers,
+        };
         let statements = [
             ("lease handled", parameters(lease::lease_query(&only, Scan::Full, 10, nil, held))),
             ("lease any", parameters(lease::lease_query(&all, Scan::Full, 10, nil, held))),
@@ -241,6 +258,10 @@ mod tests {
             ("inserting transactions", parameters(sleepers::inserting_transactions_query(None))),
             ("notify relays", parameters(sleepers::notify_query("check"))),
             ("heartbeat", parameters(relays::heartbeat_query(&entry, 1, 1))),
+            ("inbox claim", parameters(inbox::claim_query(&inbox_key))),
+            ("inbox is dead", parameters(inbox::is_dead_query("c", Uuid::nil()))),
+            ("inbox fail", parameters(inbox::fail_query(&inbox_key, &inbox_failure))),
+            ("inbox purge", parameters(inbox::purge_handled_query("c", Duration::ZERO, 1))),
             ("pause", parameters(pauses::pause_query("order", "order.placed", None))),
             ("resume", parameters(pauses::resume_query("order", "order.placed"))),
             ("paused", parameters(pauses::paused_query())),

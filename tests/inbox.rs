@@ -1,0 +1,391 @@
+//! The inbox: a message handled once however often (and however concurrently) the broker
+//! delivers it; failures counted and kept as dead letters, the handler's writes rolled back
+//! with them; a database that fails costs the message nothing. Real PostgreSQL, one database
+//! per test.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::inbox::{InboundMessage, Inbox, InboxContext, InboxError, Received};
+use outbox_runtime::{Backoff, OutboxEvent, Reject, Snooze};
+use sqlx::PgPool;
+use support::*;
+use uuid::Uuid;
+
+/// The message a forwarding relay would send for `event`, as emitted with id `event_id`.
+fn message_of(event_id: Uuid, event: &OrderPlaced) -> InboundMessage {
+    let id = event_id.to_string();
+    let aggregate_id = event.order_id.to_string();
+    let headers = [
+        ("outbox-event-id", id.as_str()),
+        ("outbox-event-type", "order.placed"),
+        ("outbox-aggregate-type", "order"),
+        ("outbox-aggregate-id", aggregate_id.as_str()),
+        ("outbox-event-version", "1"),
+        ("outbox-created-at", "2026-12-07T10:00:00Z"),
+        ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    ];
+    let payload = serde_json::to_vec(event).unwrap();
+    InboundMessage::from_headers(headers, &payload).unwrap()
+}
+
+/// The service's own table, which handlers write to in the inbox's transaction.
+async fn setup(pool: &PgPool) {
+    migrated(pool).await;
+    sqlx::query("CREATE TABLE invoices (order_id uuid PRIMARY KEY, cents bigint NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+async fn invoices(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(pool).await.unwrap()
+}
+
+/// Writes the invoice and emits a follow-up event, both in the inbox's transaction.
+async fn bill(mut ctx: InboxContext, event: OrderPlaced) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **ctx.tx())
+        .await?;
+    let follow_up = OrderCancelled { order_id: event.order_id, reason: "billed".into() };
+    outbox_runtime::emit(ctx.tx(), &follow_up)
+        .await
+        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+    Ok(())
+}
+
+/// `(attempts, handled, dead, last_error, payload kept)` of a message's inbox row.
+async fn row(
+    pool: &PgPool,
+    consumer: &str,
+    event_id: Uuid,
+) -> (i32, bool, bool, Option<String>, bool) {
+    sqlx::query_as(
+        "SELECT attempts, handled_at IS NOT NULL, dead_at IS NOT NULL, last_error, payload IS NOT NULL \
+         FROM outbox.inbox WHERE consumer = $1 AND event_id = $2",
+    )
+    .bind(consumer)
+    .bind(event_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_message_is_handled_once_however_often_it_arrives(pool: PgPool) {
+    setup(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing").handler(bill).build().unwrap();
+    let (id, event) = (Uuid::now_v7(), placed(1250));
+    let message = message_of(id, &event);
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Handled);
+    for _ in 0..3 {
+        let again = inbox.receive(&message).await.unwrap();
+        assert_eq!(again, Received::Duplicate);
+        assert!(again.acknowledge());
+    }
+    assert_eq!(invoices(&pool).await, 1, "the effect happened once");
+    let follow_ups: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.events").fetch_one(&pool).await.unwrap();
+    assert_eq!(follow_ups, 1, "the follow-up event was emitted once");
+    assert_eq!(row(&pool, "billing", id).await, (0, true, false, None, false));
+
+    // Another consumer has its own record: it handles the message too.
+    let audit = Inbox::builder(pool.clone(), "audit")
+        .handler(|_: InboxContext, _: OrderPlaced| async { Ok::<_, HandlerError>(()) })
+        .build()
+        .unwrap();
+    assert_eq!(audit.receive(&message).await.unwrap(), Received::Handled);
+    assert_eq!(audit.receive(&message).await.unwrap(), Received::Duplicate);
+}
+
+#[sqlx::test(migrations = false)]
+async fn concurrent_deliveries_of_one_message_handle_it_once_with_both_cores_busy(pool: PgPool) {
+    setup(&pool).await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .state(calls.clone())
+        .handler(|mut ctx: InboxContext<Arc<AtomicU32>>, event: OrderPlaced| async move {
+            ctx.state().fetch_add(1, Ordering::SeqCst);
+            // Long enough that the other deliveries arrive while this one's record is open.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut **ctx.tx())
+                .await?;
+            Ok::<_, sqlx::Error>(())
+        })
+        .build()
+        .unwrap();
+    let _busy = CpuBurner::start(Duration::from_secs(30));
+    for round in 0..3 {
+        let message = message_of(Uuid::now_v7(), &placed(round));
+        let deliveries = (0..8).map(|_| {
+            let (inbox, message) = (inbox.clone(), message.clone());
+            tokio::spawn(async move { inbox.receive(&message).await.unwrap() })
+        });
+        let mut outcomes = Vec::new();
+        for delivery in deliveries.collect::<Vec<_>>() {
+            outcomes.push(delivery.await.unwrap());
+        }
+        let handled = outcomes.iter().filter(|o| **o == Received::Handled).count();
+        let duplicates = outcomes.iter().filter(|o| **o == Received::Duplicate).count();
+        assert_eq!((handled, duplicates), (1, 7), "round {round}: {outcomes:?}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "one handler call per message");
+    assert_eq!(invoices(&pool).await, 3);
+}
+
+#[sqlx::test(migrations = false)]
+async fn failures_roll_back_the_handlers_writes_and_count_until_the_message_is_dead(pool: PgPool) {
+    setup(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .max_attempts(3)
+        .backoff(Backoff {
+            base: Duration::from_secs(2),
+            cap: Duration::from_secs(60),
+            jitter: false,
+        })
+        .handler(|mut ctx: InboxContext, event: OrderPlaced| async move {
+            sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut **ctx.tx())
+                .await
+                .unwrap();
+            let cause = HandlerError("the card was declined".into());
+            Err(std::io::Error::other(cause))
+        })
+        .build()
+        .unwrap();
+    let (id, event) = (Uuid::now_v7(), placed(990));
+    let message = message_of(id, &event);
+    let first = inbox.receive(&message).await.unwrap();
+    assert_eq!(first, Received::Failed { attempts: 1, retry_in: Duration::from_secs(2) });
+    assert!(!first.acknowledge());
+    let second = inbox.receive(&message).await.unwrap();
+    assert_eq!(second, Received::Failed { attempts: 2, retry_in: Duration::from_secs(4) });
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Dead);
+    // Dead: acknowledged from now on, and the handler is not called.
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Dead);
+    assert_eq!(invoices(&pool).await, 0, "every failed call's write rolled back");
+    let (attempts, handled, dead, last_error, kept) = row(&pool, "billing", id).await;
+    assert_eq!((attempts, handled, dead, kept), (3, false, true, true));
+    assert_eq!(last_error.as_deref(), Some("the card was declined"));
+    let payload: serde_json::Value = sqlx::query_scalar(
+        "SELECT payload::jsonb FROM outbox.inbox WHERE consumer = 'billing' AND event_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(payload, serde_json::to_value(&event).unwrap(), "the dead letter keeps the message");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_failure_then_a_success_handles_the_message_once(pool: PgPool) {
+    setup(&pool).await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .state(calls.clone())
+        .handler(|mut ctx: InboxContext<Arc<AtomicU32>>, event: OrderPlaced| async move {
+            let earlier = ctx.attempts();
+            assert_eq!(ctx.state().fetch_add(1, Ordering::SeqCst), earlier);
+            assert_eq!(ctx.header("traceparent").map(str::len), Some(55));
+            assert_eq!(ctx.aggregate_id(), event.order_id.to_string());
+            sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut **ctx.tx())
+                .await?;
+            if earlier == 0 {
+                return Err(HandlerError("upstream timed out".into()).into());
+            }
+            Ok::<_, outbox_runtime::BoxError>(())
+        })
+        .build()
+        .unwrap();
+    let id = Uuid::now_v7();
+    let message = message_of(id, &placed(5));
+    assert!(matches!(inbox.receive(&message).await.unwrap(), Received::Failed { attempts: 1, .. }));
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Handled);
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Duplicate);
+    assert_eq!(invoices(&pool).await, 1);
+    let (attempts, handled, dead, last_error, kept) = row(&pool, "billing", id).await;
+    assert_eq!((attempts, handled, dead, kept), (1, true, false, false), "handled drops the copy");
+    assert_eq!(last_error.as_deref(), Some("upstream timed out"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn rejected_messages_die_at_once_and_snoozed_ones_count_no_attempt(pool: PgPool) {
+    setup(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .handler(|_: InboxContext, event: OrderPlaced| async move {
+            if event.total_cents < 0 {
+                return Err(Reject::new("a negative total can never be billed").into());
+            }
+            if event.total_cents == 0 {
+                return Err(Snooze::after(Duration::from_secs(7)).into());
+            }
+            panic!("the billing code panicked");
+            #[allow(unreachable_code)]
+            Ok::<_, outbox_runtime::BoxError>(())
+        })
+        .build()
+        .unwrap();
+    let rejected = Uuid::now_v7();
+    assert_eq!(inbox.receive(&message_of(rejected, &placed(-1))).await.unwrap(), Received::Dead);
+    let (attempts, _, dead, last_error, _) = row(&pool, "billing", rejected).await;
+    assert_eq!((attempts, dead), (1, true));
+    assert_eq!(
+        last_error.as_deref(),
+        Some("rejected by its handler: a negative total can never be billed")
+    );
+
+    let snoozed = Uuid::now_v7();
+    let outcome = inbox.receive(&message_of(snoozed, &placed(0))).await.unwrap();
+    assert_eq!(outcome, Received::Snoozed { delay: Duration::from_secs(7) });
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.inbox WHERE event_id = $1")
+        .bind(snoozed)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 0, "a snooze records nothing");
+
+    let panicked = Uuid::now_v7();
+    let outcome = inbox.receive(&message_of(panicked, &placed(3))).await.unwrap();
+    assert!(matches!(outcome, Received::Failed { attempts: 1, .. }), "{outcome:?}");
+    let (_, _, _, last_error, _) = row(&pool, "billing", panicked).await;
+    assert_eq!(last_error.as_deref(), Some("handler panicked: the billing code panicked"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_connection_lost_in_the_handler_counts_no_attempt(pool: PgPool) {
+    setup(&pool).await;
+    let kill = Arc::new(AtomicU32::new(1));
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .state((pool.clone(), kill.clone()))
+        .handler(|mut ctx: InboxContext<(PgPool, Arc<AtomicU32>)>, event: OrderPlaced| async move {
+            sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut **ctx.tx())
+                .await?;
+            if ctx.state().1.swap(0, Ordering::SeqCst) == 1 {
+                // An operator (or a failover) ends the handler's session before its commit.
+                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut **ctx.tx())
+                    .await?;
+                sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .execute(&ctx.state().0)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        })
+        .build()
+        .unwrap();
+    let id = Uuid::now_v7();
+    let message = message_of(id, &placed(40));
+    let error = inbox.receive(&message).await.unwrap_err();
+    assert!(matches!(error, InboxError::Database(_)), "{error:?}");
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.inbox WHERE event_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 0, "nothing committed, no attempt counted");
+    // The broker delivers it again: handled, once.
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Handled);
+    assert_eq!(invoices(&pool).await, 1);
+    assert_eq!(row(&pool, "billing", id).await.0, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn messages_no_handler_takes_are_left_alone_and_bad_ones_are_refused(pool: PgPool) {
+    setup(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing").handler(bill).build().unwrap();
+    let id = Uuid::now_v7().to_string();
+    let renamed = [
+        ("outbox-event-id", id.as_str()),
+        ("outbox-event-type", "customer.renamed"),
+        ("outbox-aggregate-type", "customer"),
+        ("outbox-aggregate-id", "7"),
+        ("outbox-event-version", "1"),
+    ];
+    let message =
+        InboundMessage::from_headers(renamed, br#"{"customer_id":7,"name":"Ada"}"#).unwrap();
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::NoHandler);
+
+    let error = InboundMessage::from_headers(renamed[1..].iter().copied(), b"{}").unwrap_err();
+    assert!(
+        error.to_string().starts_with("not an outbox message (no `outbox-event-id` header)"),
+        "{error}"
+    );
+    let mut bad_version = renamed;
+    bad_version[4].1 = "0";
+    let error = InboundMessage::from_headers(bad_version, b"{}").unwrap_err();
+    assert!(
+        error.to_string().contains("`outbox-event-version` is `0`: not a positive integer"),
+        "{error}"
+    );
+
+    // A payload that does not decode is the handler's failure, kept with the decode error.
+    let order = Uuid::now_v7().to_string();
+    let garbled = [
+        ("outbox-event-id", order.as_str()),
+        ("outbox-event-type", OrderPlaced::EVENT_TYPE),
+        ("outbox-aggregate-type", OrderPlaced::AGGREGATE_TYPE),
+        ("outbox-aggregate-id", "1"),
+        ("OUTBOX-EVENT-VERSION", "1"),
+    ];
+    let message = InboundMessage::from_headers(garbled, br#"{"order_id":"not a uuid"}"#).unwrap();
+    assert!(matches!(inbox.receive(&message).await.unwrap(), Received::Failed { attempts: 1, .. }));
+    let (_, _, _, last_error, kept) = row(&pool, "billing", message.event_id()).await;
+    assert!(kept);
+    assert!(last_error.unwrap().contains("order_id"), "the decode error names the field");
+}
+
+#[sqlx::test(migrations = false)]
+async fn purging_deletes_old_handled_records_only(pool: PgPool) {
+    setup(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .max_attempts(1)
+        .handler(|_: InboxContext, event: OrderPlaced| async move {
+            if event.total_cents == 0 {
+                return Err(HandlerError("no".into()));
+            }
+            Ok(())
+        })
+        .build()
+        .unwrap();
+    let handled: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for id in &handled {
+        assert_eq!(inbox.receive(&message_of(*id, &placed(1))).await.unwrap(), Received::Handled);
+    }
+    let dead = Uuid::now_v7();
+    assert_eq!(inbox.receive(&message_of(dead, &placed(0))).await.unwrap(), Received::Dead);
+    assert_eq!(
+        inbox.purge_handled(Duration::from_secs(3600), 2).await.unwrap(),
+        0,
+        "none old enough"
+    );
+    sqlx::query("UPDATE outbox.inbox SET handled_at = handled_at - interval '2 hours' WHERE event_id = ANY($1)")
+        .bind(&handled[..3])
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(inbox.purge_handled(Duration::from_secs(3600), 2).await.unwrap(), 3);
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox.inbox ORDER BY event_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let mut expected = vec![handled[3], handled[4], dead];
+    expected.sort();
+    assert_eq!(left, expected, "the newer handled records and the dead letter stay");
+}
