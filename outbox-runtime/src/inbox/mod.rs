@@ -30,6 +30,8 @@
 
 mod context;
 mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
 
 use std::collections::HashMap;
 use std::future::Future;
