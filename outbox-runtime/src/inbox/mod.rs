@@ -30,8 +30,14 @@
 
 mod context;
 mod message;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -1,0 +1,1 @@
+//! Consuming kafka into an [`Inbox`](super::Inbox) (work in progress).

@@ -1,0 +1,1 @@
+//! Consuming rabbitmq into an [`Inbox`](super::Inbox) (work in progress).

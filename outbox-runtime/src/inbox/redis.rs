@@ -1,0 +1,1 @@
+//! Consuming redis into an [`Inbox`](super::Inbox) (work in progress).

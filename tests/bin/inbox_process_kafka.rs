@@ -1,0 +1,3 @@
+//! `inbox-process-kafka` (work in progress).
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! `inbox-process-rabbitmq` (work in progress).
+
+fn main() {}

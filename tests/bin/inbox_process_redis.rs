@@ -1,0 +1,3 @@
+//! `inbox-process-redis` (work in progress).
+
+fn main() {}

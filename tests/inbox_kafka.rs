@@ -1,0 +1,1 @@
+//! The inbox consuming kafka, end to end (work in progress).

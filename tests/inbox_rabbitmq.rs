@@ -1,0 +1,1 @@
+//! The inbox consuming rabbitmq, end to end (work in progress).

@@ -1,0 +1,1 @@
+//! The inbox consuming redis, end to end (work in progress).
