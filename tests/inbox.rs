@@ -389,3 +389,92 @@ async fn purging_deletes_old_handled_records_only(pool: PgPool) {
     expected.sort();
     assert_eq!(left, expected, "the newer handled records and the dead letter stay");
 }
+
+/// Version 2 of a parcel: its weight in kilograms.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
+#[outbox(aggregate = "parcel", event_type = "parcel.sent", version = 2)]
+struct ParcelSentV2 {
+    #[outbox(id)]
+    parcel: i64,
+    kilograms: i64,
+}
+
+/// Version 3: in grams. Version 1 (`"weight": "<n>kg"`) has no struct any more.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
+#[outbox(aggregate = "parcel", event_type = "parcel.sent", version = 3, upcast_from = ParcelSentV2)]
+struct ParcelSent {
+    #[outbox(id)]
+    parcel: i64,
+    grams: i64,
+}
+
+impl From<ParcelSentV2> for ParcelSent {
+    fn from(v2: ParcelSentV2) -> Self {
+        ParcelSent { parcel: v2.parcel, grams: v2.kilograms * 1000 }
+    }
+}
+
+/// A parcel message at `version`, with `payload`.
+fn parcel_message(version: &str, payload: serde_json::Value) -> InboundMessage {
+    let id = Uuid::now_v7().to_string();
+    let headers = [
+        ("outbox-event-id", id.as_str()),
+        ("outbox-event-type", "parcel.sent"),
+        ("outbox-aggregate-type", "parcel"),
+        ("outbox-aggregate-id", "1"),
+        ("outbox-event-version", version),
+    ];
+    InboundMessage::from_headers(headers, payload.to_string().as_bytes()).unwrap()
+}
+
+/// Version 1's `"weight": "<n>kg"` into version 2's `kilograms`.
+fn v1_to_v2(mut v1: serde_json::Value) -> Result<serde_json::Value, HandlerError> {
+    let weight = v1["weight"].take();
+    let kilograms = weight.as_str().and_then(|w| w.strip_suffix("kg")).and_then(|k| k.parse().ok());
+    let kilograms: i64 =
+        kilograms.ok_or_else(|| HandlerError(format!("weight {weight} is not `<n>kg`")))?;
+    v1["kilograms"] = kilograms.into();
+    Ok(v1)
+}
+
+type SeenParcels = Arc<std::sync::Mutex<Vec<(u32, ParcelSent)>>>;
+
+#[sqlx::test(migrations = false)]
+async fn older_versions_are_read_through_the_chain_and_json_upcasters(pool: PgPool) {
+    migrated(&pool).await;
+    let seen = SeenParcels::default();
+    let inbox = Inbox::builder(pool.clone(), "shipping")
+        .state(seen.clone())
+        .handler(|ctx: InboxContext<SeenParcels>, parcel: ParcelSent| async move {
+            ctx.state().lock().unwrap().push((ctx.version(), parcel));
+            Ok::<_, HandlerError>(())
+        })
+        .upcast_json::<ParcelSent, _>("parcel.sent", 1, v1_to_v2)
+        .build()
+        .unwrap();
+    let v1 = parcel_message("1", serde_json::json!({ "parcel": 1, "weight": "2kg" }));
+    let v2 = parcel_message("2", serde_json::json!({ "parcel": 2, "kilograms": 3 }));
+    let v3 = parcel_message("3", serde_json::json!({ "parcel": 3, "grams": 40 }));
+    let bad = parcel_message("1", serde_json::json!({ "parcel": 4, "weight": "heavy" }));
+    for message in [&v1, &v2, &v3] {
+        assert_eq!(inbox.receive(message).await.unwrap(), Received::Handled);
+    }
+    assert!(matches!(inbox.receive(&bad).await.unwrap(), Received::Failed { attempts: 1, .. }));
+    let (_, _, _, last_error, _) = row(&pool, "shipping", bad.event_id()).await;
+    let last_error = last_error.unwrap();
+    assert!(last_error.contains("weight \"heavy\" is not `<n>kg`"), "{last_error}");
+    let seen = seen.lock().unwrap().clone();
+    let expected = [
+        (1, ParcelSent { parcel: 1, grams: 2000 }),
+        (2, ParcelSent { parcel: 2, grams: 3000 }),
+        (3, ParcelSent { parcel: 3, grams: 40 }),
+    ];
+    assert_eq!(seen, expected);
+
+    // An upcaster for a version the handler's chain reads itself is refused, as by the relay.
+    let refused = Inbox::builder(pool.clone(), "shipping")
+        .handler(|_: InboxContext, _: ParcelSent| async { Ok::<_, HandlerError>(()) })
+        .upcast_json::<ParcelSent, _>("parcel.sent", 2, Ok::<_, HandlerError>)
+        .build();
+    assert!(refused.is_err());
+}

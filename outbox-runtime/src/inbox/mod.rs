@@ -29,9 +29,9 @@
 //! [`Inbox::purge_handled`].
 
 mod context;
-mod message;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+mod message;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
@@ -57,7 +57,7 @@ pub use message::{InboundMessage, InvalidMessage};
 use crate::decode::{read, DecodeError, JsonUpcasters};
 use crate::error::{is_unavailable, BoxError, ErrorChain};
 use crate::event::OutboxEvent;
-use crate::relay::{panic_text, Backoff, BuildError, Verdict};
+use crate::relay::{json_upcasters, panic_text, Backoff, BuildError, Upcaster, Verdict};
 use crate::store::inbox::{self as store, InboxFailure, InboxKey};
 
 /// The relay's default too.
@@ -115,6 +115,7 @@ pub struct InboxBuilder<S = ()> {
     consumer: String,
     state: S,
     handlers: Vec<Registered<S>>,
+    upcasters: Vec<Upcaster>,
     max_attempts: u32,
     backoff: Backoff,
 }
@@ -181,6 +182,7 @@ impl InboxBuilder<()> {
             consumer: consumer.into(),
             state: (),
             handlers: Vec::new(),
+            upcasters: Vec::new(),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
         }
@@ -200,6 +202,7 @@ impl<S: Clone + Send + Sync + 'static> InboxBuilder<S> {
             consumer: self.consumer,
             state,
             handlers: Vec::new(),
+            upcasters: self.upcasters,
             max_attempts: self.max_attempts,
             backoff: self.backoff,
         }
@@ -224,6 +227,23 @@ impl<S: Clone + Send + Sync + 'static> InboxBuilder<S> {
         self
     }
 
+    /// Registers a JSON upcaster for messages of `event_type` written at `from_version`, whose
+    /// struct is gone: as [`RelayBuilder::upcast_json`](crate::RelayBuilder::upcast_json), which
+    /// says how they chain.
+    pub fn upcast_json<E, Err>(
+        mut self,
+        event_type: &str,
+        from_version: u32,
+        upcaster: impl Fn(serde_json::Value) -> Result<serde_json::Value, Err> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: OutboxEvent,
+        Err: Into<BoxError>,
+    {
+        self.upcasters.push(Upcaster::new::<E, Err>(event_type, from_version, upcaster));
+        self
+    }
+
     /// Failed attempts after which a message is dead (default 10, the relay's); at least 1.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
@@ -236,18 +256,18 @@ impl<S: Clone + Send + Sync + 'static> InboxBuilder<S> {
         self
     }
 
-    /// The inbox, or why not: two handlers for one event type, or `max_attempts` of 0.
+    /// The inbox, or why not: two handlers for one event type, an upcaster no handler runs or
+    /// that leaves a gap, `max_attempts` of 0.
     pub fn build(self) -> Result<Inbox<S>, BuildError> {
         if i32::try_from(self.max_attempts).map_or(true, |attempts| attempts < 1) {
             return Err(BuildError::InvalidSetting("max_attempts must be between 1 and i32::MAX"));
         }
         let mut routes = HashMap::new();
-        let mut names: HashMap<(&str, &str), &'static str> = HashMap::new();
+        let mut handled = HashMap::new();
         for handler in self.handlers {
-            let route = handler.route;
             for event_type in handler.event_types {
                 let key = (handler.aggregate_type, event_type.name());
-                if let Some(first) = names.insert(key, handler.event_name) {
+                if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
                     return Err(BuildError::DuplicateHandler {
                         aggregate_type: handler.aggregate_type,
                         event_type: event_type.name(),
@@ -255,9 +275,10 @@ impl<S: Clone + Send + Sync + 'static> InboxBuilder<S> {
                         second: handler.event_name,
                     });
                 }
-                routes.insert(key, route.clone());
+                routes.insert(key, handler.route.clone());
             }
         }
+        let upcasters = json_upcasters(self.upcasters, &handled)?;
         Ok(Inbox {
             shared: Arc::new(Shared {
                 pool: self.pool,
@@ -266,7 +287,7 @@ impl<S: Clone + Send + Sync + 'static> InboxBuilder<S> {
                 routes,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
-                upcasters: JsonUpcasters::default(),
+                upcasters,
             }),
         })
     }

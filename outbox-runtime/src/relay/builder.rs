@@ -47,12 +47,33 @@ struct Registered<S> {
     options: HandlerOptions,
 }
 
-/// A JSON upcaster as registered, checked against the handlers by `build`.
-struct Upcaster {
+/// A JSON upcaster as registered, checked against the handlers by `build` (the relay's and the
+/// inbox's).
+pub(crate) struct Upcaster {
     aggregate_type: &'static str,
     event_type: String,
     from_version: u32,
     upcaster: JsonUpcaster,
+}
+
+impl Upcaster {
+    /// `upcaster` for `E`'s aggregate's `event_type` at `from_version`.
+    pub(crate) fn new<E, Err>(
+        event_type: &str,
+        from_version: u32,
+        upcaster: impl Fn(serde_json::Value) -> Result<serde_json::Value, Err> + Send + Sync + 'static,
+    ) -> Self
+    where
+        E: OutboxEvent,
+        Err: Into<BoxError>,
+    {
+        Upcaster {
+            aggregate_type: E::AGGREGATE_TYPE,
+            event_type: event_type.to_owned(),
+            from_version,
+            upcaster: Box::new(move |value| upcaster(value).map_err(Into::into)),
+        }
+    }
 }
 
 /// Why [`RelayBuilder::build`] refused to build a relay.
@@ -270,12 +291,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         E: OutboxEvent,
         Err: Into<BoxError>,
     {
-        self.upcasters.push(Upcaster {
-            aggregate_type: E::AGGREGATE_TYPE,
-            event_type: event_type.to_owned(),
-            from_version,
-            upcaster: Box::new(move |value| upcaster(value).map_err(Into::into)),
-        });
+        self.upcasters.push(Upcaster::new::<E, Err>(event_type, from_version, upcaster));
         self
     }
 
@@ -637,7 +653,7 @@ impl<S> RelayBuilder<S> {
 
 /// The JSON upcasters by the version they read, each checked to run for some handler: one per
 /// version, below the oldest version the handler's type reads, and reaching it without a gap.
-fn json_upcasters(
+pub(crate) fn json_upcasters(
     registered: Vec<Upcaster>,
     handled: &HashMap<(&str, &str), (&'static EventType, &'static str)>,
 ) -> Result<JsonUpcasters, BuildError> {

@@ -65,6 +65,7 @@ use pace::Pace;
 use registry::Registration;
 use work::Work;
 
+pub(crate) use builder::{json_upcasters, Upcaster};
 pub use builder::{BuildError, RelayBuilder};
 pub use config::{
     Backoff, DeadOrderedEvents, HandlerOptions, LeaseMode, NewerVersions, UnknownEvents,
