@@ -89,6 +89,11 @@ GRANT SELECT (event_id, aggregate_type, idempotency_key) ON outbox.events TO out
 -- application working in a database that revoked that.
 GRANT EXECUTE ON FUNCTION outbox.emit, outbox.uuid_v7() TO outbox_app;
 
+-- The inbox (`inbox::Inbox`): the application's consumers record each message they handle (an
+-- upsert that reads its conflicting row), count failures, keep dead letters with their payloads,
+-- and purge old records (`Inbox::purge_handled`). The records are the application's own.
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.inbox TO outbox_app;
+
 -- The relay: read events, update their delivery bookkeeping, delete published (retention) and
 -- dead (discard) ones. No INSERT: a relay whose transactional handlers emit follow-up events
 -- also needs outbox_app's grants (`GRANT outbox_app TO outbox_relay`).

@@ -478,3 +478,122 @@ async fn older_versions_are_read_through_the_chain_and_json_upcasters(pool: PgPo
         .build();
     assert!(refused.is_err());
 }
+
+/// A million records of consumer `billing`: handled over the last two days, one in 200 dead,
+/// one in 200 failing; ids in time order.
+const FILL: &str = "
+    INSERT INTO outbox.inbox (consumer, event_id, aggregate_type, aggregate_id, event_type,
+                              event_version, received_at, handled_at, attempts, dead_at,
+                              last_error, payload, headers)
+    SELECT 'billing', outbox.uuid_v7(), 'order', (i % 5000)::text, 'order.placed', 1,
+           now() - interval '3 days',
+           CASE WHEN i % 200 > 1 THEN now() - (i % 2880) * interval '1 minute' END,
+           CASE WHEN i % 200 < 2 THEN 3 ELSE 0 END,
+           CASE WHEN i % 200 = 0 THEN now() - interval '1 hour' END,
+           CASE WHEN i % 200 < 2 THEN 'refused' END,
+           CASE WHEN i % 200 < 2 THEN '{}' END,
+           CASE WHEN i % 200 < 2 THEN '{}'::jsonb END
+    FROM generate_series(1, 1000000) AS i";
+
+#[sqlx::test(migrations = false)]
+async fn every_inbox_statement_stays_on_its_index_on_a_million_records_with_empty_statistics(
+    pool: PgPool,
+) {
+    use outbox_runtime::__private::test_hooks as hooks;
+    use support::plans::*;
+
+    migrated(&pool).await;
+    sqlx::raw_sql(
+        "ALTER TABLE outbox.inbox SET (autovacuum_enabled = false); ANALYZE outbox.inbox",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let key = "text, uuid, text, text, text, integer";
+    let new_key = |id: Uuid| format!("'billing', '{id}', 'order', '1', 'order.placed', 1");
+    let failure = "text, boolean, integer, text, jsonb";
+    let failed = "'boom', false, 10, '{}', '{}'";
+    // (name, SQL, parameter types, the run on the empty inbox, local setting)
+    let prepared = [
+        ("claim", hooks::INBOX_CLAIM, key.to_owned(), new_key(Uuid::now_v7()), None),
+        (
+            "is_dead",
+            hooks::INBOX_IS_DEAD,
+            "text, uuid".to_owned(),
+            format!("'billing', '{}'", Uuid::nil()),
+            Some(hooks::INDEXES_ONLY),
+        ),
+        (
+            "fail",
+            hooks::INBOX_FAIL,
+            format!("{key}, {failure}"),
+            format!("{}, {failed}", new_key(Uuid::now_v7())),
+            None,
+        ),
+        (
+            "purge",
+            hooks::INBOX_PURGE_HANDLED,
+            "text, bigint, bigint".to_owned(),
+            "'billing', 3600000000, 1000".to_owned(),
+            Some(hooks::INDEXES_ONLY),
+        ),
+    ];
+    let mut conn = pool.acquire().await.unwrap().detach();
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.unwrap();
+    for (name, sql, parameters, first, local) in &prepared {
+        let prepare = format!("PREPARE {name}({parameters}) AS {sql}");
+        sqlx::raw_sql(sqlx::static_sql(prepare)).execute(&mut conn).await.unwrap();
+        let local = local.unwrap_or("SELECT 1");
+        let run = format!("BEGIN; {local}; EXECUTE {name}({first}); ROLLBACK");
+        sqlx::raw_sql(sqlx::static_sql(run)).execute(&mut conn).await.unwrap();
+    }
+
+    sqlx::raw_sql(FILL).execute(&pool).await.unwrap();
+    let id_where = |condition: &str| {
+        let sql = format!("SELECT event_id FROM outbox.inbox WHERE {condition} LIMIT 1");
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Uuid>(sqlx::static_sql(sql)).fetch_one(&pool).await.unwrap()
+        }
+    };
+    let handled = id_where("handled_at IS NOT NULL").await;
+    let dead = id_where("dead_at IS NOT NULL").await;
+    let failing = id_where("handled_at IS NULL AND dead_at IS NULL").await;
+    let old: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.inbox WHERE handled_at < now() - interval '47 hours'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(old > 1000);
+    // (name, arguments, rows it returns or changes, most rows it may read)
+    let measured = [
+        ("claim", new_key(Uuid::now_v7()), 1, 2),
+        ("claim", new_key(handled), 0, 2),
+        ("claim", new_key(failing), 1, 2),
+        ("is_dead", format!("'billing', '{dead}'"), 1, 2),
+        ("fail", format!("{}, {failed}", new_key(failing)), 1, 2),
+        ("purge", format!("'billing', {}, 1000", 47 * 3_600_000_000_i64), 1000, 4 * 1000 + 10),
+    ];
+    for (name, arguments, touches, most_read) in measured {
+        let local = prepared.iter().find(|(each, ..)| *each == name).unwrap().4;
+        let statement = Statement {
+            name,
+            sql: "",
+            parameters: "",
+            first: String::new(),
+            measured: arguments,
+            touches,
+            local,
+        };
+        let plan = explain(&mut conn, &statement).await;
+        let root = &plan[0]["Plan"];
+        assert!(!has_seq_scan(root), "{name} scans the inbox: {plan:#}");
+        // All but the purge return what they changed or found.
+        let changed =
+            if name == "purge" { touched(root) } else { root["Actual Rows"].as_i64().unwrap() };
+        assert_eq!(changed, touches, "{name}: {plan:#}");
+        let read = rows_read(root);
+        assert!(read <= most_read, "{name} read {read} rows, at most {most_read}: {plan:#}");
+    }
+}

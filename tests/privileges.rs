@@ -280,6 +280,47 @@ $$;
 CREATE TRIGGER orders_outbox AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION orders_outbox();
 ";
 
+/// An inbox message for `event`, as a forwarding relay sends it.
+fn inbound(event: &OrderPlaced) -> outbox_runtime::inbox::InboundMessage {
+    let (id, aggregate) = (Uuid::now_v7().to_string(), event.order_id.to_string());
+    let headers = [
+        ("outbox-event-id", id.as_str()),
+        ("outbox-event-type", "order.placed"),
+        ("outbox-aggregate-type", "order"),
+        ("outbox-aggregate-id", aggregate.as_str()),
+        ("outbox-event-version", "1"),
+    ];
+    let payload = serde_json::to_vec(event).unwrap();
+    outbox_runtime::inbox::InboundMessage::from_headers(headers, &payload).unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_app_role_runs_an_inbox_with_the_documented_grants(pool: PgPool) {
+    use outbox_runtime::inbox::{Inbox, InboxContext, Received};
+
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let inbox = Inbox::builder(app.clone(), "billing")
+        .max_attempts(1)
+        .handler(|mut ctx: InboxContext, event: OrderPlaced| async move {
+            if event.total_cents < 0 {
+                return Err(HandlerError("refused".into()).into());
+            }
+            // Handlers emit follow-up events with the app's grants.
+            emit(ctx.tx(), &OrderCancelled { order_id: event.order_id, reason: "x".into() })
+                .await?;
+            Ok::<_, outbox_runtime::BoxError>(())
+        })
+        .build()
+        .unwrap();
+    let handled = inbound(&placed(1));
+    assert_eq!(inbox.receive(&handled).await.unwrap(), Received::Handled);
+    assert_eq!(inbox.receive(&handled).await.unwrap(), Received::Duplicate);
+    assert_eq!(inbox.receive(&inbound(&placed(-1))).await.unwrap(), Received::Dead);
+    assert_eq!(inbox.purge_handled(Duration::ZERO, 100).await.unwrap(), 1);
+    app.close().await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_app_role_emits_from_sql_with_the_documented_grants(pool: PgPool) {
     let roles = Roles::create(&pool).await;

@@ -52,6 +52,14 @@ pub const HELD_FAIL: &str = crate::store::HELD_FAIL;
 pub const HELD_SNOOZE: &str = crate::store::HELD_SNOOZE;
 /// Retention: `$1` age in micros, `$2` most rows.
 pub const PURGE_PUBLISHED: &str = crate::store::PURGE_PUBLISHED;
+/// The inbox's claim of a message (`inbox::Inbox::receive`).
+pub const INBOX_CLAIM: &str = crate::store::INBOX_CLAIM;
+/// Whether a settled inbox message is dead.
+pub const INBOX_IS_DEAD: &str = crate::store::INBOX_IS_DEAD;
+/// A failed inbox message's record.
+pub const INBOX_FAIL: &str = crate::store::INBOX_FAIL;
+/// `Inbox::purge_handled`'s statement.
+pub const INBOX_PURGE_HANDLED: &str = crate::store::INBOX_PURGE_HANDLED;
 /// What the operations' transactions set before their statements.
 pub const INDEXES_ONLY: &str = crate::store::INDEXES_ONLY;
 /// `stats_by_type`: no parameters.

@@ -3,7 +3,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{micros, Query, Rows};
+use super::{micros, Query, Rows, INDEXES_ONLY};
 
 /// A message's columns, as every inbox statement writes them.
 pub(crate) struct InboxKey<'a> {
@@ -26,7 +26,7 @@ pub(crate) async fn claim(
     Ok(claim_query(key).fetch_optional(tx).await?.map(|(attempts,)| attempts))
 }
 
-const CLAIM: &str = "INSERT INTO outbox.inbox \
+pub(crate) const CLAIM: &str = "INSERT INTO outbox.inbox \
      (consumer, event_id, aggregate_type, aggregate_id, event_type, event_version, handled_at) \
      VALUES ($1, $2, $3, $4, $5, $6, now()) \
      ON CONFLICT (consumer, event_id) DO UPDATE \
@@ -38,21 +38,24 @@ pub(super) fn claim_query<'q>(key: &'q InboxKey<'q>) -> Rows<'q, (i32,)> {
     bind_key(sqlx::query_as(CLAIM), key)
 }
 
-/// Whether a message [`claim`] found settled died (else it was handled).
+/// Whether a message [`claim`] found settled died (else it was handled). Runs in the claim's
+/// transaction, which holds nothing else and is rolled back after: so it can forbid sequential
+/// scans for the rest of it, and the kept plan of this lookup, made on a new (empty) inbox,
+/// stays on the primary key when the inbox has grown.
 pub(crate) async fn is_dead(
     tx: &mut PgConnection,
     consumer: &str,
     event_id: Uuid,
 ) -> Result<bool, sqlx::Error> {
+    sqlx::query(INDEXES_ONLY).execute(&mut *tx).await?;
     is_dead_query(consumer, event_id).fetch_one(tx).await.map(|(dead,)| dead)
 }
 
-pub(super) fn is_dead_query<'q>(consumer: &'q str, event_id: Uuid) -> Rows<'q, (bool,)> {
-    sqlx::query_as(
-        "SELECT dead_at IS NOT NULL FROM outbox.inbox WHERE consumer = $1 AND event_id = $2",
-    )
-    .bind(consumer)
-    .bind(event_id)
+pub(crate) const IS_DEAD: &str =
+    "SELECT dead_at IS NOT NULL FROM outbox.inbox WHERE consumer = $1 AND event_id = $2";
+
+pub(super) fn is_dead_query(consumer: &str, event_id: Uuid) -> Rows<'_, (bool,)> {
+    sqlx::query_as(IS_DEAD).bind(consumer).bind(event_id)
 }
 
 /// A failed handler call, to record after its transaction rolled back.
@@ -75,7 +78,7 @@ pub(crate) async fn fail(
     fail_query(key, failure).fetch_optional(pool).await
 }
 
-const FAIL: &str = "INSERT INTO outbox.inbox \
+pub(crate) const FAIL: &str = "INSERT INTO outbox.inbox \
      (consumer, event_id, aggregate_type, aggregate_id, event_type, event_version, \
       attempts, last_error, dead_at, payload, headers) \
      VALUES ($1, $2, $3, $4, $5, $6, 1, $7, CASE WHEN $8 OR 1 >= $9 THEN now() END, $10, $11) \
@@ -99,18 +102,19 @@ pub(super) fn fail_query<'q>(
 }
 
 /// Deletes up to `limit` of a consumer's handled rows older than `older_than`, oldest first;
-/// returns how many it deleted.
+/// returns how many it deleted. In an [`indexes_only`](super::indexes_only) transaction, as the
+/// operations' statements: it reads the handled rows' index, whatever the statistics say.
 pub(crate) async fn purge_handled(
     pool: &PgPool,
     consumer: &str,
     older_than: std::time::Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = purge_handled_query(consumer, older_than, limit).execute(pool).await?;
+    let done = on_indexes!(pool, execute, purge_handled_query(consumer, older_than, limit));
     Ok(done.rows_affected())
 }
 
-const PURGE_HANDLED: &str = "DELETE FROM outbox.inbox WHERE (consumer, event_id) IN \
+pub(crate) const PURGE_HANDLED: &str = "DELETE FROM outbox.inbox WHERE (consumer, event_id) IN \
      (SELECT consumer, event_id FROM outbox.inbox \
       WHERE consumer = $1 AND handled_at IS NOT NULL \
         AND handled_at < now() - make_interval(secs => $2::float8 / 1e6) \

@@ -71,6 +71,10 @@ pub(crate) use {
         PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE, STILL_LEASED,
     },
     lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
+    inbox::{
+        CLAIM as INBOX_CLAIM, FAIL as INBOX_FAIL, IS_DEAD as INBOX_IS_DEAD,
+        PURGE_HANDLED as INBOX_PURGE_HANDLED,
+    },
     ops::PURGE_PUBLISHED,
 };
 /// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
