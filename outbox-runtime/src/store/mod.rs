@@ -70,11 +70,11 @@ pub(crate) use {
         FAIL, HELD_FAIL, HELD_PUBLISH, HELD_PUBLISH_DELETE, HELD_SNOOZE, PUBLISH, PUBLISH_DELETE,
         PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE, STILL_LEASED,
     },
-    lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     inbox::{
         CLAIM as INBOX_CLAIM, FAIL as INBOX_FAIL, IS_DEAD as INBOX_IS_DEAD,
         PURGE_HANDLED as INBOX_PURGE_HANDLED,
     },
+    lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
 };
 /// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
