@@ -531,6 +531,34 @@ async fn every_inbox_statement_stays_on_its_index_on_a_million_records_with_empt
             None,
         ),
         (
+            "dead",
+            hooks::INBOX_DEAD,
+            "text, bigint".to_owned(),
+            "'billing', 50".to_owned(),
+            Some(hooks::INDEXES_ONLY),
+        ),
+        (
+            "count_dead",
+            hooks::INBOX_COUNT_DEAD,
+            "text".to_owned(),
+            "'billing'".to_owned(),
+            Some(hooks::INDEXES_ONLY),
+        ),
+        (
+            "discard",
+            hooks::INBOX_DISCARD,
+            "text, uuid".to_owned(),
+            format!("'billing', '{}'", Uuid::nil()),
+            Some(hooks::INDEXES_ONLY),
+        ),
+        (
+            "revive",
+            hooks::INBOX_REVIVE,
+            "text, uuid, integer".to_owned(),
+            format!("'billing', '{}', 9", Uuid::nil()),
+            Some(hooks::INDEXES_ONLY),
+        ),
+        (
             "purge",
             hooks::INBOX_PURGE_HANDLED,
             "text, bigint, bigint".to_owned(),
@@ -566,6 +594,12 @@ async fn every_inbox_statement_stays_on_its_index_on_a_million_records_with_empt
     .await
     .unwrap();
     assert!(old > 1000);
+    let dead_count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.inbox WHERE dead_at IS NOT NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead_count, 5000);
     // (name, arguments, rows it returns or changes, most rows it may read)
     let measured = [
         ("claim", new_key(Uuid::now_v7()), 1, 2),
@@ -573,6 +607,10 @@ async fn every_inbox_statement_stays_on_its_index_on_a_million_records_with_empt
         ("claim", new_key(failing), 1, 2),
         ("is_dead", format!("'billing', '{dead}'"), 1, 2),
         ("fail", format!("{}, {failed}", new_key(failing)), 1, 2),
+        ("dead", "'billing', 50".to_owned(), 50, 4 * 50 + 10),
+        ("count_dead", "'billing'".to_owned(), 1, 4 * 5000 + 10),
+        ("discard", format!("'billing', '{dead}'"), 1, 2),
+        ("revive", format!("'billing', '{dead}', 9"), 1, 2),
         ("purge", format!("'billing', {}, 1000", 47 * 3_600_000_000_i64), 1000, 4 * 1000 + 10),
     ];
     for (name, arguments, touches, most_read) in measured {
@@ -589,11 +627,71 @@ async fn every_inbox_statement_stays_on_its_index_on_a_million_records_with_empt
         let plan = explain(&mut conn, &statement).await;
         let root = &plan[0]["Plan"];
         assert!(!has_seq_scan(root), "{name} scans the inbox: {plan:#}");
-        // All but the purge return what they changed or found.
-        let changed =
-            if name == "purge" { touched(root) } else { root["Actual Rows"].as_i64().unwrap() };
+        // All but the deletes return what they changed or found.
+        let deletes = matches!(name, "purge" | "discard");
+        let changed = if deletes { touched(root) } else { root["Actual Rows"].as_i64().unwrap() };
         assert_eq!(changed, touches, "{name}: {plan:#}");
         let read = rows_read(root);
         assert!(read <= most_read, "{name} read {read} rows, at most {most_read}: {plan:#}");
     }
+}
+
+#[sqlx::test(migrations = false)]
+async fn dead_messages_are_listed_discarded_and_requeued_from_what_the_inbox_kept(pool: PgPool) {
+    use outbox_runtime::inbox::dead_letters;
+    use std::sync::atomic::AtomicBool;
+
+    setup(&pool).await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .state(fixed.clone())
+        .max_attempts(2)
+        .handler(|mut ctx: InboxContext<Arc<AtomicBool>>, event: OrderPlaced| async move {
+            if !ctx.state().load(Ordering::SeqCst) {
+                return Err(HandlerError(format!("the ledger refused {}", event.total_cents)));
+            }
+            assert_eq!(ctx.header("traceparent").map(str::len), Some(55), "headers kept");
+            sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut **ctx.tx())
+                .await
+                .map_err(|e| HandlerError(e.to_string()))?;
+            Ok(())
+        })
+        .build()
+        .unwrap();
+    let (first, second) = (Uuid::now_v7(), Uuid::now_v7());
+    for (id, cents) in [(first, 10), (second, 20)] {
+        let message = message_of(id, &placed(cents));
+        assert!(matches!(inbox.receive(&message).await.unwrap(), Received::Failed { .. }));
+        assert_eq!(inbox.receive(&message).await.unwrap(), Received::Dead);
+    }
+    assert_eq!(dead_letters::count(&pool, "billing").await.unwrap(), 2);
+    assert_eq!(dead_letters::count(&pool, "audit").await.unwrap(), 0, "per consumer");
+    let dead = dead_letters::list(&pool, "billing", 10).await.unwrap();
+    let listed: Vec<(Uuid, u32, Option<&str>)> =
+        dead.iter().map(|d| (d.event_id, d.attempts, d.last_error.as_deref())).collect();
+    assert_eq!(
+        listed,
+        [(first, 2, Some("the ledger refused 10")), (second, 2, Some("the ledger refused 20"))],
+        "the longest dead first"
+    );
+    let payload: serde_json::Value = serde_json::from_str(&dead[0].payload).unwrap();
+    assert_eq!(payload["total_cents"], 10);
+
+    // Still broken: requeued, it fails once and is dead again, with the new error.
+    assert_eq!(inbox.requeue_dead(first).await.unwrap(), Some(Received::Dead));
+    assert_eq!(dead_letters::count(&pool, "billing").await.unwrap(), 2);
+    // Fixed: handled from the kept message, once; then nothing is left to requeue.
+    fixed.store(true, Ordering::SeqCst);
+    assert_eq!(inbox.requeue_dead(first).await.unwrap(), Some(Received::Handled));
+    assert_eq!(inbox.requeue_dead(first).await.unwrap(), None);
+    assert_eq!(inbox.receive(&message_of(first, &placed(10))).await.unwrap(), Received::Duplicate);
+    assert_eq!(invoices(&pool).await, 1);
+
+    assert!(dead_letters::discard(&pool, "billing", second).await.unwrap());
+    assert!(!dead_letters::discard(&pool, "billing", second).await.unwrap());
+    assert!(!dead_letters::discard(&pool, "billing", first).await.unwrap(), "handled, not dead");
+    assert_eq!(dead_letters::count(&pool, "billing").await.unwrap(), 0);
 }

@@ -27,4 +27,4 @@ CREATE TABLE outbox.inbox (
 -- Retention deletes handled rows older than the broker's redelivery window, oldest first.
 CREATE INDEX inbox_handled ON outbox.inbox (consumer, handled_at) WHERE handled_at IS NOT NULL;
 -- The dead letters of a consumer, for the operations that list and requeue them.
-CREATE INDEX inbox_dead ON outbox.inbox (consumer, dead_at) WHERE dead_at IS NOT NULL;
+CREATE INDEX inbox_dead ON outbox.inbox (consumer, dead_at, event_id) WHERE dead_at IS NOT NULL;

@@ -60,6 +60,14 @@ pub const INBOX_IS_DEAD: &str = crate::store::INBOX_IS_DEAD;
 pub const INBOX_FAIL: &str = crate::store::INBOX_FAIL;
 /// `Inbox::purge_handled`'s statement.
 pub const INBOX_PURGE_HANDLED: &str = crate::store::INBOX_PURGE_HANDLED;
+/// `inbox::dead_letters::list`.
+pub const INBOX_DEAD: &str = crate::store::INBOX_DEAD;
+/// `inbox::dead_letters::count`.
+pub const INBOX_COUNT_DEAD: &str = crate::store::INBOX_COUNT_DEAD;
+/// `inbox::dead_letters::discard`.
+pub const INBOX_DISCARD: &str = crate::store::INBOX_DISCARD;
+/// `Inbox::requeue_dead`'s revival of the row.
+pub const INBOX_REVIVE: &str = crate::store::INBOX_REVIVE;
 /// What the operations' transactions set before their statements.
 pub const INDEXES_ONLY: &str = crate::store::INDEXES_ONLY;
 /// `stats_by_type`: no parameters.

@@ -29,6 +29,7 @@
 //! [`Inbox::purge_handled`].
 
 mod context;
+pub mod dead_letters;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 mod message;
@@ -50,6 +51,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use sqlx::PgPool;
 use tokio::sync::oneshot;
+use uuid::Uuid;
 
 pub use context::InboxContext;
 pub use message::{InboundMessage, InvalidMessage};
@@ -426,6 +428,22 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
             "inbox handler failed; the message is to be delivered again after the backoff"
         );
         Ok(Received::Failed { attempts, retry_in: shared.backoff.delay(attempts) })
+    }
+
+    /// Runs a dead message's handler again now, from the payload and headers the inbox kept
+    /// (the broker has long been told it is done): `Received::Handled` if it succeeds,
+    /// `Received::Dead` again, with the new error, if it fails. `None` if this consumer has no
+    /// such dead (or failing) message. A failing message whose broker stopped delivering it can
+    /// be run again the same way.
+    pub async fn requeue_dead(&self, event_id: Uuid) -> Result<Option<Received>, InboxError> {
+        let shared = &*self.shared;
+        // One failure short of the most: the next failure is its last.
+        let attempts = i32::try_from(shared.max_attempts - 1).unwrap_or(i32::MAX);
+        let revived = store::revive(&shared.pool, &shared.consumer, event_id, attempts)
+            .await
+            .map_err(InboxError::Database)?;
+        let Some(row) = revived else { return Ok(None) };
+        self.receive(&dead_letters::message_of(row)).await.map(Some)
     }
 
     /// Deletes this consumer's handled records older than `older_than`, up to `batch` at a

@@ -138,3 +138,92 @@ fn bind_key<'q, T>(query: Rows<'q, T>, key: &'q InboxKey<'q>) -> Rows<'q, T> {
         .bind(key.event_type)
         .bind(key.version)
 }
+
+/// A dead (or failing) message's row: `(event_id, aggregate_type, aggregate_id, event_type,
+/// event_version, payload, headers, received_at, dead_at, attempts, last_error)`.
+pub(crate) type InboxDeadRow = (
+    Uuid,
+    String,
+    String,
+    String,
+    i32,
+    Option<String>,
+    Option<serde_json::Value>,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+    i32,
+    Option<String>,
+);
+
+/// Up to `limit` of a consumer's dead messages, the longest dead first.
+pub(crate) async fn dead(
+    pool: &PgPool,
+    consumer: &str,
+    limit: i64,
+) -> Result<Vec<InboxDeadRow>, sqlx::Error> {
+    Ok(on_indexes!(pool, fetch_all, dead_query(consumer, limit)))
+}
+
+pub(crate) const DEAD: &str = "SELECT event_id, aggregate_type, aggregate_id, event_type, \
+     event_version, payload, headers, received_at, dead_at, attempts, last_error \
+     FROM outbox.inbox WHERE consumer = $1 AND dead_at IS NOT NULL \
+     ORDER BY dead_at, event_id LIMIT $2";
+
+pub(super) fn dead_query(consumer: &str, limit: i64) -> Rows<'_, InboxDeadRow> {
+    sqlx::query_as(DEAD).bind(consumer).bind(limit)
+}
+
+/// How many of a consumer's messages are dead.
+pub(crate) async fn count_dead(pool: &PgPool, consumer: &str) -> Result<i64, sqlx::Error> {
+    let (count,) = on_indexes!(pool, fetch_one, count_dead_query(consumer));
+    Ok(count)
+}
+
+pub(crate) const COUNT_DEAD: &str =
+    "SELECT count(*) FROM outbox.inbox WHERE consumer = $1 AND dead_at IS NOT NULL";
+
+pub(super) fn count_dead_query(consumer: &str) -> Rows<'_, (i64,)> {
+    sqlx::query_as(COUNT_DEAD).bind(consumer)
+}
+
+/// Deletes a dead message; returns whether it was there (and dead).
+pub(crate) async fn discard(
+    pool: &PgPool,
+    consumer: &str,
+    event_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let done = on_indexes!(pool, execute, discard_query(consumer, event_id));
+    Ok(done.rows_affected() == 1)
+}
+
+pub(crate) const DISCARD: &str =
+    "DELETE FROM outbox.inbox WHERE consumer = $1 AND event_id = $2 AND dead_at IS NOT NULL";
+
+pub(super) fn discard_query(consumer: &str, event_id: Uuid) -> Query<'_> {
+    sqlx::query(DISCARD).bind(consumer).bind(event_id)
+}
+
+/// Brings a message back from the dead (or a failing one, whose broker stopped delivering it)
+/// with `attempts` failures counted, so that the next failure decides again; returns its row,
+/// or `None` if it is not there, or handled.
+pub(crate) async fn revive(
+    pool: &PgPool,
+    consumer: &str,
+    event_id: Uuid,
+    attempts: i32,
+) -> Result<Option<InboxDeadRow>, sqlx::Error> {
+    Ok(on_indexes!(pool, fetch_optional, revive_query(consumer, event_id, attempts)))
+}
+
+pub(crate) const REVIVE: &str = "UPDATE outbox.inbox SET dead_at = NULL, attempts = $3 \
+     WHERE consumer = $1 AND event_id = $2 AND handled_at IS NULL AND payload IS NOT NULL \
+     RETURNING event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
+               headers, received_at, dead_at, attempts, last_error";
+
+pub(super) fn revive_query(
+    consumer: &str,
+    event_id: Uuid,
+    attempts: i32,
+) -> Rows<'_, InboxDeadRow> {
+    sqlx::query_as(REVIVE).bind(consumer).bind(event_id).bind(attempts)
+}
