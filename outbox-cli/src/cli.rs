@@ -101,6 +101,15 @@ pub enum Command {
     /// JSON: {"purged": int, "older_than_secs": number}
     Purge(PurgeArgs),
 
+    /// A consumer's inbox: its dead messages, and the purge of its handled records
+    ///
+    /// The inbox (`outbox_runtime::inbox`) records each message a consumer handled from a
+    /// broker, so redeliveries are skipped, and keeps the messages whose handler rejected them
+    /// or ran out of attempts. Run one of those again from the service that has its handler
+    /// (`Inbox::requeue_dead`).
+    #[command(subcommand)]
+    Inbox(InboxCommand),
+
     /// Serve the operations console (pages and a JSON API) until SIGINT or SIGTERM
     ///
     /// Overview, relays, events by id, dead letters (filter, requeue, discard), pauses and
@@ -368,6 +377,56 @@ pub enum DeadCommand {
     ///
     /// JSON: {"dead": int}
     Count(Selector),
+}
+
+/// `outbox inbox ...`.
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// A consumer's dead messages, the longest dead first, with how many there are
+    ///
+    /// JSON: {"dead": int, "messages": [{"event_id": uuid, "aggregate_type": str,
+    ///        "aggregate_id": str, "event_type": str, "event_version": int, "payload": str,
+    ///        "headers": object, "received_at": time, "dead_at": time, "attempts": int,
+    ///        "last_error": str|null}]}
+    #[command(verbatim_doc_comment)]
+    Dead {
+        /// The consumer (the name its `Inbox` was built with)
+        #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+        consumer: String,
+
+        /// At most this many messages
+        #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
+
+    /// Delete one of a consumer's dead messages for good (a later delivery of it is new)
+    ///
+    /// JSON: {"discarded": 1}
+    Discard {
+        /// The consumer (the name its `Inbox` was built with)
+        #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+        consumer: String,
+
+        /// The dead message's event id (fails if the consumer has no such dead message)
+        #[arg(value_name = "EVENT_ID")]
+        event_id: Uuid,
+    },
+
+    /// Delete a consumer's handled records older than an age (dead and failing ones are kept)
+    ///
+    /// Keep records longer than the broker may redeliver a message: a redelivery after its
+    /// record is gone is handled again.
+    ///
+    /// JSON: {"purged": int, "older_than_secs": number}
+    Purge {
+        /// The consumer (the name its `Inbox` was built with)
+        #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+        consumer: String,
+
+        /// Age of the handled records to delete, e.g. 7d, 36h
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
 }
 
 /// Filters and paging of `outbox dead list`.

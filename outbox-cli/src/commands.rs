@@ -5,14 +5,18 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use outbox_runtime::dead_letters::{self, DeadEvent, DeadFilter};
 use outbox_runtime::events::EventRecord;
+use outbox_runtime::inbox::{self, dead_letters::DeadMessage};
 use outbox_runtime::pauses::{self, PausedType};
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::replay;
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
 
-use crate::cli::{Command, DeadCommand, EventCommand, ListArgs, Selector};
+use crate::cli::{Command, DeadCommand, EventCommand, InboxCommand, ListArgs, Selector};
 use crate::error::Failure;
+
+/// Handled inbox records `outbox inbox purge` deletes per statement.
+const PURGE_BATCH: i64 = 10_000;
 
 /// What a command found or did, for `output` to render.
 #[derive(Debug)]
@@ -58,6 +62,22 @@ pub enum Report {
     Discarded(u64),
     /// `dead count`: how many.
     DeadCount(u64),
+    /// `inbox dead`: how many, and the page.
+    InboxDead {
+        /// All of the consumer's dead messages.
+        count: i64,
+        /// The longest dead of them.
+        messages: Vec<DeadMessage>,
+    },
+    /// `inbox discard`: done.
+    InboxDiscarded,
+    /// `inbox purge`: how many, and the age given.
+    InboxPurged {
+        /// Records deleted.
+        count: u64,
+        /// `--older-than`.
+        older_than: Duration,
+    },
     /// `console`: served until stopped.
     Served,
     /// `forward`: what the forwarding relay did before it stopped.
@@ -133,6 +153,24 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
         }
         Command::Dead(DeadCommand::Count(selector)) => {
             Ok(Report::DeadCount(dead_letters::count(pool, &filter(selector)?).await?))
+        }
+        Command::Inbox(InboxCommand::Dead { consumer, limit }) => {
+            let count = inbox::dead_letters::count(pool, consumer).await?;
+            let messages = inbox::dead_letters::list(pool, consumer, i64::from(*limit)).await?;
+            Ok(Report::InboxDead { count, messages })
+        }
+        Command::Inbox(InboxCommand::Discard { consumer, event_id }) => {
+            match inbox::dead_letters::discard(pool, consumer, *event_id).await? {
+                true => Ok(Report::InboxDiscarded),
+                false => Err(Failure::NoSuchDeadMessage {
+                    consumer: consumer.clone(),
+                    event_id: *event_id,
+                }),
+            }
+        }
+        Command::Inbox(InboxCommand::Purge { consumer, older_than }) => {
+            let count = inbox::purge_handled(pool, consumer, *older_than, PURGE_BATCH).await?;
+            Ok(Report::InboxPurged { count, older_than: *older_than })
         }
         Command::Console(args) => crate::console::run(pool, args).await.map(|()| Report::Served),
         Command::Forward(args) => Ok(Report::Forwarded(crate::forward::run(pool, args).await?)),

@@ -47,6 +47,15 @@ pub enum Failure {
     NoSuchDeadEvent(Uuid),
     /// No event has this id.
     NoSuchEvent(Uuid),
+    /// The consumer's inbox has no dead message with this id.
+    NoSuchDeadMessage {
+        /// `--consumer`.
+        consumer: String,
+        /// The id given.
+        event_id: Uuid,
+    },
+    /// The inbox's database failed.
+    Inbox(outbox_runtime::inbox::InboxError),
     /// `--older-than` is not shorter than `--newer-than`: no instant is in both.
     EmptyRange {
         /// `--newer-than`.
@@ -80,6 +89,12 @@ impl From<outbox_runtime::Error> for Failure {
             }
             other => Failure::Outbox(other),
         }
+    }
+}
+
+impl From<outbox_runtime::inbox::InboxError> for Failure {
+    fn from(error: outbox_runtime::inbox::InboxError) -> Self {
+        Failure::Inbox(error)
     }
 }
 
@@ -138,6 +153,20 @@ impl fmt::Display for Failure {
                  descriptors shows as `Too many open files`: raise `ulimit -n`)"
             ),
             Failure::Forward(reason) => write!(f, "{reason}"),
+            Failure::NoSuchDeadMessage { consumer, event_id } => write!(
+                f,
+                "consumer `{consumer}` has no dead message with id {event_id} (`outbox inbox dead \
+                 --consumer {consumer}` lists them)"
+            ),
+            Failure::Inbox(error) => {
+                write!(f, "{error}")?;
+                let mut source = std::error::Error::source(error);
+                while let Some(cause) = source {
+                    write!(f, ": {cause}")?;
+                    source = cause.source();
+                }
+                Ok(())
+            }
             Failure::Outbox(error) => {
                 // The outbox's errors keep their cause as `source`: print the whole chain.
                 write!(f, "{error}")?;

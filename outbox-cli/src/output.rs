@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use outbox_runtime::dead_letters::DeadEvent;
 use outbox_runtime::events::{EventRecord, EventState};
+use outbox_runtime::inbox::dead_letters::DeadMessage;
 use outbox_runtime::pauses::PausedType;
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
@@ -41,7 +42,9 @@ pub fn json(report: &Report) -> Value {
         Report::Requeued(count) => json!({ "requeued": count }),
         Report::Discarded(count) => json!({ "discarded": count }),
         Report::DeadCount(count) => json!({ "dead": count }),
-        Report::Purged { count, older_than } => {
+        Report::InboxDead { count, messages } => json!({ "dead": count, "messages": messages }),
+        Report::InboxDiscarded => json!({ "discarded": 1 }),
+        Report::Purged { count, older_than } | Report::InboxPurged { count, older_than } => {
             json!({ "purged": count, "older_than_secs": older_than.as_secs_f64() })
         }
         Report::Served => json!({ "served": true }),
@@ -83,6 +86,13 @@ pub fn human(report: &Report) -> String {
             format!("would replay {} (dry run)\n", plural(*count, "event"))
         }
         Report::DeadList { events, next_after } => dead_list(events, *next_after),
+        Report::InboxDead { count, messages } => inbox_dead(*count, messages),
+        Report::InboxDiscarded => "discarded 1 dead message\n".into(),
+        Report::InboxPurged { count, older_than } => format!(
+            "purged {} handled more than {} ago\n",
+            plural(*count, "inbox record"),
+            duration(*older_than)
+        ),
         Report::DeadShow(event) => dead_show(event),
         Report::EventShow(event) => event_show(event),
         Report::Requeued(count) => format!("requeued {}\n", plural(*count, "dead event")),
@@ -181,6 +191,39 @@ fn relay_table(relays: &[RelayStatus]) -> String {
         ]);
     }
     table.render()
+}
+
+fn inbox_dead(count: i64, messages: &[DeadMessage]) -> String {
+    if messages.is_empty() {
+        return "no dead messages\n".into();
+    }
+    let headers = [
+        "EVENT ID",
+        "AGGREGATE TYPE",
+        "AGGREGATE ID",
+        "EVENT TYPE",
+        "ATTEMPTS",
+        "DEAD AT",
+        "LAST ERROR",
+    ];
+    let mut table = Table::new(&headers, &[false, false, false, false, true]);
+    for message in messages {
+        table.row([
+            message.event_id.to_string(),
+            message.aggregate_type.clone(),
+            message.aggregate_id.clone(),
+            message.event_type.clone(),
+            message.attempts.to_string(),
+            timestamp(&message.dead_at),
+            truncate(message.last_error.as_deref().unwrap_or("-"), ERROR_WIDTH),
+        ]);
+    }
+    let mut text = table.render();
+    let shown = messages.len() as i64;
+    if count > shown {
+        text.push_str(&format!("{shown} of {count} dead messages shown: raise --limit for more\n"));
+    }
+    text
 }
 
 fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {

@@ -934,3 +934,62 @@ async fn console_serves_the_outbox_with_its_token_until_sigterm(pool: PgPool) {
     let stdout: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(stdout, json!({ "served": true }));
 }
+
+/// A record of consumer `billing`, handled `handled_ago` (an interval), else dead if `dead`,
+/// else failing.
+async fn inbox_record(pool: &PgPool, handled_ago: Option<&str>, dead: bool) -> Uuid {
+    let id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox.inbox (consumer, event_id, aggregate_type, aggregate_id, event_type, \
+         event_version, handled_at, dead_at, attempts, last_error, payload, headers) \
+         VALUES ('billing', $1, 'order', '7', 'order.placed', 1, now() - $2::interval, \
+                 CASE WHEN $3 THEN now() END, 3, 'the ledger refused it', '{\"order_id\": 7}', '{}')",
+    )
+    .bind(id)
+    .bind(handled_ago)
+    .bind(dead)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+#[sqlx::test(migrations = false)]
+async fn inbox_dead_messages_are_listed_and_discarded_and_old_records_purged(pool: PgPool) {
+    migrated(&pool).await;
+    let dead = inbox_record(&pool, None, true).await;
+    let failing = inbox_record(&pool, None, false).await;
+    let old = inbox_record(&pool, Some("8 days"), false).await;
+    let recent = inbox_record(&pool, Some("1 hour"), false).await;
+
+    let listed = outbox(&pool, &["--json", "inbox", "dead", "--consumer", "billing"]).json();
+    assert_eq!(listed["dead"], 1);
+    let messages = listed["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0]["event_id"], dead.to_string());
+    assert_eq!(messages[0]["last_error"], "the ledger refused it");
+    assert_eq!(messages[0]["payload"], "{\"order_id\": 7}");
+    let text = outbox(&pool, &["inbox", "dead", "--consumer", "billing"]).ok().stdout;
+    assert!(text.contains(&dead.to_string()) && text.contains("the ledger refused it"), "{text}");
+    let other = outbox(&pool, &["inbox", "dead", "--consumer", "audit"]).ok().stdout;
+    assert_eq!(other, "no dead messages\n");
+
+    let purged =
+        outbox(&pool, &["--json", "inbox", "purge", "--consumer", "billing", "--older-than", "7d"])
+            .json();
+    assert_eq!(purged, json!({ "purged": 1, "older_than_secs": 604800.0 }));
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox.inbox ORDER BY event_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [dead, failing, recent], "only the old handled record went: {old}");
+
+    let id = dead.to_string();
+    let discarded = outbox(&pool, &["inbox", "discard", "--consumer", "billing", &id]).ok();
+    assert_eq!(discarded.stdout, "discarded 1 dead message\n");
+    let again = outbox(&pool, &["inbox", "discard", "--consumer", "billing", &id]).fails(1);
+    assert!(again.contains("consumer `billing` has no dead message with id"), "{again}");
+    let failing_id = failing.to_string();
+    let not_dead = outbox(&pool, &["inbox", "discard", "--consumer", "billing", &failing_id]);
+    not_dead.fails(1);
+}

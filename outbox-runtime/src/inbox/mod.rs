@@ -446,20 +446,31 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
         self.receive(&dead_letters::message_of(row)).await.map(Some)
     }
 
-    /// Deletes this consumer's handled records older than `older_than`, up to `batch` at a
-    /// time until none is left; returns how many. Keep them longer than the broker may
-    /// redeliver a message: a redelivery after its record is gone is handled again.
+    /// Deletes this consumer's handled records older than `older_than`: see
+    /// [`purge_handled`].
     pub async fn purge_handled(&self, older_than: Duration, batch: i64) -> Result<u64, InboxError> {
-        let mut deleted = 0;
-        loop {
-            let shared = &*self.shared;
-            let done = store::purge_handled(&shared.pool, &shared.consumer, older_than, batch)
-                .await
-                .map_err(InboxError::Database)?;
-            deleted += done;
-            if done < u64::try_from(batch).unwrap_or(0) || done == 0 {
-                return Ok(deleted);
-            }
+        purge_handled(&self.shared.pool, &self.shared.consumer, older_than, batch).await
+    }
+}
+
+/// Deletes `consumer`'s handled records older than `older_than`, up to `batch` at a time (each
+/// its own short transaction) until none is left; returns how many. Keep them longer than the
+/// broker may redeliver a message: a redelivery after its record is gone is handled again.
+/// Dead and failing messages are kept.
+pub async fn purge_handled(
+    pool: &PgPool,
+    consumer: &str,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, InboxError> {
+    let mut deleted = 0;
+    loop {
+        let done = store::purge_handled(pool, consumer, older_than, batch)
+            .await
+            .map_err(InboxError::Database)?;
+        deleted += done;
+        if done == 0 || done < u64::try_from(batch).unwrap_or(0) {
+            return Ok(deleted);
         }
     }
 }
