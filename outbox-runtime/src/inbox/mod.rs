@@ -311,7 +311,38 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
     /// Handles `message` unless it was handled before: its handler runs in a transaction that
     /// records the message handled, and commits with it. See [`Received`] for what to tell the
     /// broker. A concurrent delivery of the same message waits for this one's outcome.
+    ///
+    /// With the `metrics` feature, counts `outbox_inbox_received_total` (labels `consumer`,
+    /// `event_type`, `outcome`: `handled`, `duplicate`, `dead`, `failed`, `snoozed`,
+    /// `no_handler`, `database_error`) and times `outbox_inbox_receive_seconds` (`consumer`,
+    /// `event_type`).
     pub async fn receive(&self, message: &InboundMessage) -> Result<Received, InboxError> {
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
+        let received = self.receive_once(message).await;
+        #[cfg(feature = "metrics")]
+        {
+            let outcome = match &received {
+                Ok(Received::Handled) => "handled",
+                Ok(Received::Duplicate) => "duplicate",
+                Ok(Received::Dead) => "dead",
+                Ok(Received::Failed { .. }) => "failed",
+                Ok(Received::Snoozed { .. }) => "snoozed",
+                Ok(Received::NoHandler) => "no_handler",
+                Err(InboxError::Database(_)) => "database_error",
+            };
+            let (consumer, event_type) = (&self.shared.consumer, &message.event_type);
+            metrics::counter!("outbox_inbox_received_total", "consumer" => consumer.clone(),
+                "event_type" => event_type.clone(), "outcome" => outcome)
+            .increment(1);
+            metrics::histogram!("outbox_inbox_receive_seconds", "consumer" => consumer.clone(),
+                "event_type" => event_type.clone())
+            .record(started.elapsed());
+        }
+        received
+    }
+
+    async fn receive_once(&self, message: &InboundMessage) -> Result<Received, InboxError> {
         let shared = &*self.shared;
         let Some(route) =
             shared.routes.get(&(message.aggregate_type.as_str(), message.event_type.as_str()))
