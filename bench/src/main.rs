@@ -9,7 +9,7 @@
 //! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held). Ratios are computed within each run, then their
+//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; and issue #24's inbox). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -27,6 +27,7 @@ mod db;
 mod delete;
 mod emit;
 mod events;
+mod inbox;
 mod forward;
 mod memory;
 mod probe;
@@ -444,6 +445,19 @@ async fn main() {
             s.add("delete_held sql b300 x10 own us", sql.own_micros);
             s.add("delete_held sql b300 x10 machine us", sql.machine_micros);
             s.add("delete_held x10 vs sql", held.events_per_second / sql.events_per_second);
+        }
+
+        // 10c. the inbox (issue #24): receiving against the same work in plain SQL.
+        if args.runs("inbox") {
+            let (count, receivers) = (sizes.drain, 8);
+            let inbox = inbox::inbox(&args.url, count, receivers).await;
+            let sql = inbox::plain_sql(&args.url, count, receivers).await;
+            s.add("inbox new msgs/s", inbox.new);
+            s.add("inbox duplicate msgs/s", inbox.duplicates);
+            s.add("inbox sql new msgs/s", sql.new);
+            s.add("inbox sql duplicate msgs/s", sql.duplicates);
+            s.add("inbox new vs sql", inbox.new / sql.new);
+            s.add("inbox duplicate vs sql", inbox.duplicates / sql.duplicates);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.
@@ -1198,6 +1212,22 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
         (
             format!("drain {d}, 1 relay (defaults), delete_on_publish vs marking published"),
             format!("{:.2}x ({:.0} events/s marking)", m("delete vs mark"), m("delete mark events/s")),
+            String::new(),
+        ),
+        (
+            format!(
+                "inbox: {d} messages, 8 receivers, `Inbox::receive` vs plain SQL recording the id \
+                 and writing the effect in one transaction; new, then all again as duplicates"
+            ),
+            format!(
+                "{:.2}x / {:.2}x ({:.0} / {:.0} vs {:.0} / {:.0} messages/s)",
+                m("inbox new vs sql"),
+                m("inbox duplicate vs sql"),
+                m("inbox new msgs/s"),
+                m("inbox duplicate msgs/s"),
+                m("inbox sql new msgs/s"),
+                m("inbox sql duplicate msgs/s")
+            ),
             String::new(),
         ),
         (
