@@ -696,9 +696,12 @@ async fn dead_messages_are_listed_discarded_and_requeued_from_what_the_inbox_kep
     assert_eq!(dead_letters::count(&pool, "billing").await.unwrap(), 0);
 }
 
-/// Every counter increment: `(name, labels as "k=v" sorted, value)`.
+/// One counter increment: `(name, labels as "k=v" sorted, value)`.
+type Increment = (String, Vec<String>, u64);
+
+/// Every counter increment.
 #[derive(Clone, Default)]
-struct Counted(Arc<std::sync::Mutex<Vec<(String, Vec<String>, u64)>>>);
+struct Counted(Arc<std::sync::Mutex<Vec<Increment>>>);
 
 struct Increments(Counted, metrics::Key);
 
@@ -774,7 +777,7 @@ async fn every_outcome_is_counted_per_consumer_type_and_outcome(pool: PgPool) {
     for message in [&handled, &handled, &failing, &failing] {
         inbox.receive(message).await.unwrap();
     }
-    let outcomes: Vec<(String, Vec<String>, u64)> = counted.0.lock().unwrap().clone();
+    let outcomes: Vec<Increment> = counted.0.lock().unwrap().clone();
     let label = |outcome: &str| {
         let labels = ["consumer=billing", "event_type=order.placed", &format!("outcome={outcome}")];
         ("outbox_inbox_received_total".to_owned(), labels.map(str::to_owned).to_vec(), 1)

@@ -40,6 +40,11 @@ use futures_util::future::BoxFuture;
 use crate::error::ErrorChain;
 use crate::forward::{OutboundMessage, Sink, SinkError};
 
+/// The fields of an entry: each header under this prefix, and the payload (the inbox's
+/// consumer reads them back).
+pub(crate) const HEADER_PREFIX: &str = "h:";
+pub(crate) const PAYLOAD: &str = "payload";
+
 /// Appends to Redis streams, one stream key per destination.
 pub struct RedisSink {
     connection: ConnectionManager,
@@ -102,9 +107,9 @@ impl Sink for RedisSink {
                 command.arg("id").arg(message.id.to_string()).arg("key").arg(&message.key);
                 command.arg("content-type").arg(message.content_type);
                 for (name, value) in &message.headers {
-                    command.arg(format!("h:{name}")).arg(value);
+                    command.arg(format!("{HEADER_PREFIX}{name}")).arg(value);
                 }
-                command.arg("payload").arg(&message.payload);
+                command.arg(PAYLOAD).arg(&message.payload);
             }
             let mut connection = self.connection.clone();
             let replies: RedisResult<Vec<RedisResult<String>>> =
