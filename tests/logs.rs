@@ -123,3 +123,41 @@ async fn a_failed_delivery_names_its_event_type_and_cause_but_not_the_payload(po
     let kept = row_state(&pool, undecodable).await.last_error.unwrap();
     assert!(kept.contains("does not deserialize into"), "last_error keeps the details: {kept}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_inbox_message_that_does_not_decode_is_logged_without_its_payload(pool: PgPool) {
+    use outbox_runtime::inbox::{InboundMessage, Inbox, InboxContext, Received};
+
+    logged();
+    migrated(&pool).await;
+    let inbox = Inbox::builder(pool.clone(), "billing")
+        .max_attempts(2)
+        .handler(|_: InboxContext, _: OrderPlaced| async { Ok::<_, HandlerError>(()) })
+        .build()
+        .unwrap();
+    let secret = "s3cret-in-the-inbox-payload";
+    let id = uuid::Uuid::now_v7().to_string();
+    let headers = [
+        ("outbox-event-id", id.as_str()),
+        ("outbox-event-type", "order.placed"),
+        ("outbox-aggregate-type", "order"),
+        ("outbox-aggregate-id", "1"),
+        ("outbox-event-version", "1"),
+    ];
+    // serde's error quotes the offending string: the secret.
+    let order_id = uuid::Uuid::now_v7();
+    let payload = serde_json::json!({ "order_id": order_id, "total_cents": secret }).to_string();
+    let message = InboundMessage::from_headers(headers, payload.as_bytes()).unwrap();
+    assert!(matches!(inbox.receive(&message).await.unwrap(), Received::Failed { .. }));
+    assert_eq!(inbox.receive(&message).await.unwrap(), Received::Dead);
+
+    let failed = lines_with(&["inbox handler failed", &id]);
+    assert_eq!(failed.len(), 1, "{}", logged());
+    assert!(failed[0].contains("does not deserialize into"), "the cause: {}", failed[0]);
+    assert!(failed[0].contains("total_cents"), "where: {}", failed[0]);
+    assert_eq!(lines_with(&["inbox message dead", &id]).len(), 1, "{}", logged());
+    assert!(!logged().contains(secret), "no payload in any log line: {}", logged());
+    let kept: String =
+        sqlx::query_scalar("SELECT last_error FROM outbox.inbox").fetch_one(&pool).await.unwrap();
+    assert!(kept.contains(secret), "last_error keeps the details: {kept}");
+}

@@ -376,12 +376,18 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
         let attempts = u32::try_from(attempts).unwrap_or(0);
         let (back, returned) = oneshot::channel();
         let ctx = InboxContext::new(shared.state.clone(), message.into(), attempts, tx, back);
+        // What a log line may say of a payload that does not decode: not the payload itself,
+        // which its error can quote (the whole error is kept in `last_error`).
+        let mut logged = None;
         let handled = match route.call(ctx, message, &shared.upcasters) {
             Ok(handling) => match AssertUnwindSafe(handling).catch_unwind().await {
                 Ok(handled) => handled,
                 Err(panic) => Err(format!("handler panicked: {}", panic_text(&*panic)).into()),
             },
-            Err(decode) => Err(decode.into()),
+            Err(decode) => {
+                logged = Some(decode.without_payload());
+                Err(decode.into())
+            }
         };
         // The context is gone, returned or dropped with the handler's future: its transaction
         // is back here (unless the handler moved the context somewhere it still lives).
@@ -409,15 +415,17 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
                 error
             }
         };
-        self.failed(message, &key, &*error).await
+        self.failed(message, &key, &*error, logged).await
     }
 
-    /// Records a failed handler call and says what the broker should do.
+    /// Records a failed handler call and says what the broker should do; `logged` is what the
+    /// log line says instead of the error, if it must not quote the payload.
     async fn failed(
         &self,
         message: &InboundMessage,
         key: &InboxKey<'_>,
         error: &(dyn std::error::Error + Send + Sync + 'static),
+        logged: Option<String>,
     ) -> Result<Received, InboxError> {
         let shared = &*self.shared;
         let verdict = Verdict::of(error);
@@ -438,13 +446,14 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
             return Ok(Received::Duplicate);
         };
         let attempts = u32::try_from(attempts).unwrap_or(0);
+        let logged = logged.as_deref().unwrap_or(&text);
         if dead {
             tracing::warn!(
                 consumer = %shared.consumer,
                 event_id = %message.event_id,
                 event_type = %message.event_type,
                 attempts,
-                error = %text,
+                error = %logged,
                 "inbox message dead: its handler rejected it or ran out of attempts; it is kept \
                  in outbox.inbox with its payload and last error"
             );
@@ -455,8 +464,9 @@ impl<S: Clone + Send + Sync + 'static> Inbox<S> {
             event_id = %message.event_id,
             event_type = %message.event_type,
             attempts,
-            error = %text,
-            "inbox handler failed; the message is to be delivered again after the backoff"
+            error = %logged,
+            "inbox handler failed; the message is to be delivered again after the backoff \
+             (the whole error is kept in outbox.inbox's last_error)"
         );
         Ok(Received::Failed { attempts, retry_in: shared.backoff.delay(attempts) })
     }
