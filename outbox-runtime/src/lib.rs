@@ -42,8 +42,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The README covers the rest: forwarding to brokers (the [`forward`] module), ordering,
-//! transactional handlers, event versions, operations and the CLI.
+//! The README covers the rest: forwarding to brokers (the [`forward`] module), consuming what
+//! another service forwarded exactly once (the [`inbox`]), ordering, transactional handlers,
+//! event versions, operations and the CLI.
 //!
 //! # Words
 //!
