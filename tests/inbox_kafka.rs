@@ -21,6 +21,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::PgPool;
+use support::inbox::{create_effects, effects};
 use support::kafka::{Record, Topics, KAFKA};
 use support::proxy::Proxy;
 use support::relay_process::JobRun;
@@ -236,25 +237,10 @@ fn consumer_settings(topics: &Topics, group: &str) -> ClientConfig {
     config
 }
 
-/// `(effects, distinct events with an effect, events with more than one)`.
-async fn effects(pool: &PgPool) -> (i64, i64, i64) {
-    sqlx::query_as(
-        "SELECT count(*), count(DISTINCT event_id), \
-                (SELECT count(*) FROM (SELECT 1 FROM effects GROUP BY event_id HAVING count(*) > 1) d) \
-         FROM effects",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 #[sqlx::test(migrations = false)]
 async fn a_consumer_killed_mid_stream_and_restarted_has_each_effect_once(pool: PgPool) {
     migrated(&pool).await;
-    sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, pid int NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_effects(&pool).await;
     let topics = Topics::new();
     let topic = format!("{}.jobs", topics.prefix);
     let ids = forwarded(&pool, &topics, &topic, 300, 1).await;

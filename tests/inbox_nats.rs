@@ -13,6 +13,7 @@ use outbox_runtime::forward::Forward;
 use outbox_runtime::inbox::{nats, Inbox, InboxContext};
 use outbox_runtime::Relay;
 use sqlx::PgPool;
+use support::inbox::{create_effects, effects};
 use support::nats::Stream;
 use support::relay_process::JobRun;
 use support::*;
@@ -104,25 +105,10 @@ async fn settled(consumer: &PullConsumer) -> bool {
     info.num_pending == 0 && info.num_ack_pending == 0
 }
 
-/// `(effects, distinct events with an effect, events with more than one)`.
-async fn effects(pool: &PgPool) -> (i64, i64, i64) {
-    sqlx::query_as(
-        "SELECT count(*), count(DISTINCT event_id), \
-                (SELECT count(*) FROM (SELECT 1 FROM effects GROUP BY event_id HAVING count(*) > 1) d) \
-         FROM effects",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 #[sqlx::test(migrations = false)]
 async fn a_consumer_killed_mid_stream_and_restarted_has_each_effect_once(pool: PgPool) {
     migrated(&pool).await;
-    sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, pid int NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_effects(&pool).await;
     let stream = Stream::create(Duration::from_secs(120)).await;
     let ids = forwarded(&pool, &stream, 300).await;
     duplicated_at_the_broker(&stream, 40).await;

@@ -24,6 +24,7 @@ use outbox_runtime::inbox::rabbitmq::{self, ConsumeError};
 use outbox_runtime::inbox::{Inbox, InboxContext};
 use outbox_runtime::{BoxError, Relay, Snooze};
 use sqlx::PgPool;
+use support::inbox::{create_effects, effects};
 use support::rabbitmq::{connect, Exchange};
 use support::relay_process::JobRun;
 use support::*;
@@ -257,18 +258,6 @@ async fn duplicated_at_the_broker(exchange: &Exchange, queue: &Queue, count: usi
     }
 }
 
-/// `(effects, distinct events with an effect, events with more than one)`.
-async fn effects(pool: &PgPool) -> (i64, i64, i64) {
-    sqlx::query_as(
-        "SELECT count(*), count(DISTINCT event_id), \
-                (SELECT count(*) FROM (SELECT 1 FROM effects GROUP BY event_id HAVING count(*) > 1) d) \
-         FROM effects",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 /// `(handled, dead)` messages recorded in `consumer`'s inbox.
 async fn recorded(pool: &PgPool, consumer: &str) -> (i64, i64) {
     sqlx::query_as(
@@ -296,10 +285,7 @@ fn called(calls: &Calls, job: u64) -> u32 {
 #[sqlx::test(migrations = false)]
 async fn a_consumer_killed_mid_stream_and_restarted_has_each_effect_once(pool: PgPool) {
     migrated(&pool).await;
-    sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, pid int NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_effects(&pool).await;
     let exchange = Exchange::create().await;
     let queue = Queue::bound_to(&exchange).await;
     let ids = forwarded(&pool, &exchange, 300).await;

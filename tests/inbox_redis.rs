@@ -20,6 +20,7 @@ use outbox_runtime::inbox::redis::{consume, GroupReader};
 use outbox_runtime::inbox::{Inbox, InboxContext};
 use outbox_runtime::{Backoff, Relay};
 use sqlx::PgPool;
+use support::inbox::{create_effects, effects};
 use support::proxy::Proxy;
 use support::redis::Streams;
 use support::relay_process::JobRun;
@@ -160,18 +161,6 @@ async fn settled(streams: &Streams, key: &str, group: &str) -> bool {
     info.pending == 0 && Some(info.last_delivered_id) == last
 }
 
-/// `(effects, distinct events with an effect, events with more than one)`.
-async fn effects(pool: &PgPool) -> (i64, i64, i64) {
-    sqlx::query_as(
-        "SELECT count(*), count(DISTINCT event_id), \
-                (SELECT count(*) FROM (SELECT 1 FROM effects GROUP BY event_id HAVING count(*) > 1) d) \
-         FROM effects",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 /// Which calls of a job's handler fail: `(job, call)`, calls counted from 1.
 type Fails = fn(u64, u32) -> bool;
 
@@ -252,10 +241,7 @@ async fn inbox_rows(pool: &PgPool, consumer: &str) -> (i64, i64, i64) {
 #[sqlx::test(migrations = false)]
 async fn a_consumer_killed_mid_stream_and_restarted_has_each_effect_once(pool: PgPool) {
     migrated(&pool).await;
-    sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, pid int NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_effects(&pool).await;
     let streams = Streams::create().await;
     let key = format!("{}.jobs", streams.prefix);
     let ids = forwarded(&pool, &streams, &key, 300).await;

@@ -197,28 +197,15 @@ fn inbox_dead(count: i64, messages: &[DeadMessage]) -> String {
     if messages.is_empty() {
         return "no dead messages\n".into();
     }
-    let headers = [
-        "EVENT ID",
-        "AGGREGATE TYPE",
-        "AGGREGATE ID",
-        "EVENT TYPE",
-        "ATTEMPTS",
-        "DEAD AT",
-        "LAST ERROR",
-    ];
-    let mut table = Table::new(&headers, &[false, false, false, false, true]);
-    for message in messages {
-        table.row([
-            message.event_id.to_string(),
-            message.aggregate_type.clone(),
-            message.aggregate_id.clone(),
-            message.event_type.clone(),
-            message.attempts.to_string(),
-            timestamp(&message.dead_at),
-            truncate(message.last_error.as_deref().unwrap_or("-"), ERROR_WIDTH),
-        ]);
-    }
-    let mut text = table.render();
+    let mut text = dead_table(messages.iter().map(|message| DeadRow {
+        event_id: message.event_id,
+        aggregate_type: &message.aggregate_type,
+        aggregate_id: &message.aggregate_id,
+        event_type: &message.event_type,
+        attempts: message.attempts,
+        dead_at: &message.dead_at,
+        last_error: message.last_error.as_deref(),
+    }));
     let shown = messages.len() as i64;
     if count > shown {
         text.push_str(&format!("{shown} of {count} dead messages shown: raise --limit for more\n"));
@@ -230,6 +217,33 @@ fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {
     if events.is_empty() {
         return "no dead events\n".into();
     }
+    let mut text = dead_table(events.iter().map(|event| DeadRow {
+        event_id: event.event_id,
+        aggregate_type: &event.aggregate_type,
+        aggregate_id: &event.aggregate_id,
+        event_type: &event.event_type,
+        attempts: event.attempts,
+        dead_at: &event.dead_at,
+        last_error: event.last_error.as_deref(),
+    }));
+    if let Some(after) = next_after {
+        text.push_str(&format!("more may follow: add --after {after}\n"));
+    }
+    text
+}
+
+/// One line of a dead-letter table: an outbox's dead event or an inbox's dead message.
+struct DeadRow<'a> {
+    event_id: uuid::Uuid,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    event_type: &'a str,
+    attempts: u32,
+    dead_at: &'a DateTime<Utc>,
+    last_error: Option<&'a str>,
+}
+
+fn dead_table<'a>(rows: impl Iterator<Item = DeadRow<'a>>) -> String {
     let headers = [
         "EVENT ID",
         "AGGREGATE TYPE",
@@ -240,22 +254,18 @@ fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {
         "LAST ERROR",
     ];
     let mut table = Table::new(&headers, &[false, false, false, false, true]);
-    for event in events {
+    for row in rows {
         table.row([
-            event.event_id.to_string(),
-            event.aggregate_type.clone(),
-            event.aggregate_id.clone(),
-            event.event_type.clone(),
-            event.attempts.to_string(),
-            timestamp(&event.dead_at),
-            truncate(event.last_error.as_deref().unwrap_or("-"), ERROR_WIDTH),
+            row.event_id.to_string(),
+            row.aggregate_type.to_owned(),
+            row.aggregate_id.to_owned(),
+            row.event_type.to_owned(),
+            row.attempts.to_string(),
+            timestamp(row.dead_at),
+            truncate(row.last_error.unwrap_or("-"), ERROR_WIDTH),
         ]);
     }
-    let mut text = table.render();
-    if let Some(after) = next_after {
-        text.push_str(&format!("more may follow: add --after {after}\n"));
-    }
-    text
+    table.render()
 }
 
 fn dead_show(event: &DeadEvent) -> String {

@@ -6,6 +6,7 @@ pub mod browser;
 pub mod console;
 mod db;
 pub mod forwarding;
+pub mod inbox;
 pub mod kafka;
 pub mod nats;
 pub mod pgbouncer;
