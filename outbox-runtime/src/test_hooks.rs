@@ -131,7 +131,7 @@ pub mod steps {
     ) -> Result<Vec<Leased>, sqlx::Error> {
         let mut versions = TypeVersions::default();
         for &(aggregate_type, event_type) in types {
-            versions.push(aggregate_type, event_type, i32::MAX);
+            versions.push(aggregate_type, event_type, "", i32::MAX);
         }
         let plan = LeasePlan {
             types: LeaseTypes::Only(versions),

@@ -15,7 +15,8 @@ use crate::error::ErrorChain;
 use crate::relay::config::RelayConfig;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Failures, Snoozes};
+use crate::relay::fan_out::Took;
+use crate::store::{self, Copy, FanOuts, Failures, Snoozes};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -33,6 +34,8 @@ pub(crate) enum Outcome {
     Published,
     /// A transactional handler's acknowledgement was refused: the lease was taken over.
     LeaseLost,
+    /// Delivered to the relay's subscribers of its type: how it ended for each one.
+    FannedOut(Vec<(Arc<str>, Took)>),
 }
 
 /// A failed delivery, as its row records it.
@@ -121,6 +124,7 @@ impl Acker {
         let mut failed = Vec::new();
         let mut handed_back = Vec::new();
         let mut snoozed = Vec::new();
+        let mut fanned_out = Vec::new();
         let mut settled = Vec::new();
         for ack in batch {
             match ack.outcome {
@@ -128,6 +132,7 @@ impl Acker {
                 Outcome::Failed(_) => failed.push(ack),
                 Outcome::HandedBack => handed_back.push(ack),
                 Outcome::Snoozed { .. } => snoozed.push(ack),
+                Outcome::FannedOut(_) => fanned_out.push(ack),
                 Outcome::Published => {
                     self.metrics.delivered(&ack.event_type, ack.created_at);
                     settled.push(ack.event_id);
@@ -204,11 +209,29 @@ impl Acker {
             self.metrics.snoozed(&ack.event_type);
         }
         busy.extend(written.busy);
+
+        let written = self
+            .write("fan out", &fanned_out, |held| async move {
+                let mut fan_outs = FanOuts::default();
+                for (ack, token) in held {
+                    if let Outcome::FannedOut(took) = &ack.outcome {
+                        fan_outs.push(ack.event_id, token, took.iter().map(copy));
+                    }
+                }
+                let done = store::fan_out(pool, &fan_outs, on_publish).await?;
+                Ok(done.into_iter().map(|id| (id, false)).collect())
+            })
+            .await;
+        for ack in &written.done {
+            self.count_fanned_out(ack);
+        }
+        busy.extend(written.busy);
         delivered
             .into_iter()
             .chain(failed)
             .chain(handed_back)
             .chain(snoozed)
+            .chain(fanned_out)
             .filter(|ack| busy.contains(&ack.event_id))
             .collect()
     }
@@ -279,6 +302,30 @@ impl Acker {
         written
     }
 
+    /// Counts an event's deliveries to subscribers, once acknowledged.
+    fn count_fanned_out(&self, ack: &Ack) {
+        let Outcome::FannedOut(took) = &ack.outcome else { return };
+        for (subscriber, took) in took {
+            match took {
+                Took::Delivered => self.metrics.delivered(&ack.event_type, ack.created_at),
+                Took::Failed(failed) => {
+                    let dead = failed.rejected || failed.max_attempts <= 1;
+                    if dead {
+                        tracing::warn!(
+                            event_id = %ack.event_id,
+                            %subscriber,
+                            "outbox event is dead for this subscriber: its copy waits in the \
+                             dead letters"
+                        );
+                    }
+                    self.metrics.failed(&ack.event_type, dead, failed.rejected);
+                }
+                Took::Snoozed(_) => self.metrics.snoozed(&ack.event_type),
+                Took::Copied => {}
+            }
+        }
+    }
+
     fn count_lost(&self, lost: usize, outcome: &str) {
         if lost > 0 {
             tracing::warn!(
@@ -299,6 +346,22 @@ struct Written<'a> {
     busy: Vec<Uuid>,
     /// Rows that died of the outcome written.
     dead: HashSet<Uuid>,
+}
+
+/// The copy a subscriber's outcome leaves (see [`store::fan_out`]).
+fn copy((subscriber, took): &(Arc<str>, Took)) -> (&str, Copy<'_>) {
+    let copy = match took {
+        Took::Delivered => Copy::Taken,
+        Took::Failed(failed) => Copy::Due {
+            delay: failed.retry_in,
+            attempts: 1,
+            error: Some(&failed.error),
+            dead: failed.rejected || failed.max_attempts <= 1,
+        },
+        Took::Snoozed(delay) => Copy::Due { delay: *delay, attempts: 0, error: None, dead: false },
+        Took::Copied => Copy::Due { delay: Duration::ZERO, attempts: 0, error: None, dead: false },
+    };
+    (subscriber, copy)
 }
 
 /// `(event ids, tokens)` of some acknowledgements, for one statement.

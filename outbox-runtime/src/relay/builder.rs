@@ -20,7 +20,7 @@ use crate::relay::held::HeldRows;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::ORDERED_BATCH_SIZE;
 use crate::relay::registry::Registration;
-use crate::relay::{Plan, Relay, Routed, Routes};
+use crate::relay::{Plan, Relay, Routed, Routes, Subscribed};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
@@ -40,6 +40,8 @@ pub struct RelayBuilder<S = ()> {
 }
 
 struct Registered<S> {
+    /// The subscriber's name; `None` for a handler of the type's own (`handler`).
+    subscriber: Option<String>,
     aggregate_type: &'static str,
     event_types: &'static [EventType],
     event_name: &'static str,
@@ -142,6 +144,41 @@ pub enum BuildError {
         /// The Rust event type of the handler.
         handler: &'static str,
     },
+    /// A subscriber's name breaks the grammar of names.
+    #[error(
+        "invalid subscriber name {name:?}: use 1 to 128 lowercase letters, digits, \"_\", \".\" \
+         and \"-\", starting with a letter"
+    )]
+    InvalidSubscriberName {
+        /// The name given.
+        name: String,
+    },
+    /// Two subscribers of one event type share a name.
+    #[error(
+        "two subscribers named `{subscriber}` for aggregate `{aggregate_type}`, event type \
+         `{event_type}`: give each subscriber of a type its own name"
+    )]
+    DuplicateSubscriber {
+        /// The name both have.
+        subscriber: String,
+        /// The aggregate type both take.
+        aggregate_type: &'static str,
+        /// The event type both take.
+        event_type: &'static str,
+    },
+    /// An event type has both a handler of its own and subscribers: with subscribers, every
+    /// delivery of the type goes to a named subscriber.
+    #[error(
+        "aggregate `{aggregate_type}`, event type `{event_type}` has a handler (`handler`) and \
+         subscribers (`subscriber`): register the handler as a subscriber too, with a name of \
+         its own"
+    )]
+    HandledAndSubscribed {
+        /// The aggregate type.
+        aggregate_type: &'static str,
+        /// The event type.
+        event_type: &'static str,
+    },
     /// A forwarding destination template names a placeholder no row field fills.
     #[error(
         "invalid forwarding destination: {0} is not a placeholder; use {{aggregate_type}}, \
@@ -179,6 +216,7 @@ impl RelayBuilder<()> {
             .handlers
             .into_iter()
             .map(|h| Registered {
+                subscriber: h.subscriber,
                 aggregate_type: h.aggregate_type,
                 event_types: h.event_types,
                 event_name: h.event_name,
@@ -240,11 +278,63 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// # Ok(()) }
     /// ```
     pub fn handler_with<M, H: Handler<M, S>>(
+        self,
+        handler: H,
+        options: HandlerOptions,
+    ) -> Self {
+        self.register(None, handler, options)
+    }
+
+    /// Registers `handler` as the subscriber `name` of its event type: one of any number, each
+    /// with its own attempts, backoff, dead letters and per-aggregate order, so a failing
+    /// subscriber neither holds back nor repeats the others (see [the crate's
+    /// docs](crate#subscribers)). Relays in other processes may run other subscribers of the
+    /// same type.
+    ///
+    /// `name` names the subscriber's state in the outbox: keep it when the code changes, and
+    /// drop it (`outbox subscribers drop`) when the subscriber is removed for good. Names use
+    /// the grammar of event types: lowercase letters, digits, `_`, `.` and `-`, starting with a
+    /// letter.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::sqlx;
+    /// # use outbox_runtime::{EventContext, OutboxEvent, Relay};
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize, OutboxEvent)]
+    /// # #[outbox(aggregate = "order", event_type = "order.placed")]
+    /// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+    /// # async fn send_receipt(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+    /// # async fn index_order(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+    /// # fn build(pool: sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
+    /// let relay = Relay::builder(pool)
+    ///     .subscriber("receipts", send_receipt)
+    ///     .subscriber("search-index", index_order)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn subscriber<M, H: Handler<M, S>>(self, name: &str, handler: H) -> Self {
+        self.subscriber_with(name, handler, HandlerOptions::new())
+    }
+
+    /// Registers the subscriber `name` like [`subscriber`](Self::subscriber), with its own
+    /// timeout, most attempts or backoff where they differ from the relay's.
+    pub fn subscriber_with<M, H: Handler<M, S>>(
+        self,
+        name: &str,
+        handler: H,
+        options: HandlerOptions,
+    ) -> Self {
+        self.register(Some(name.to_owned()), handler, options)
+    }
+
+    fn register<M, H: Handler<M, S>>(
         mut self,
+        subscriber: Option<String>,
         handler: H,
         options: HandlerOptions,
     ) -> Self {
         self.handlers.push(Registered {
+            subscriber,
             aggregate_type: H::Event::AGGREGATE_TYPE,
             event_types: H::Event::EVENT_TYPES,
             event_name: std::any::type_name::<H::Event>(),
@@ -495,25 +585,65 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
 
         let mut routes: Routes<S> = HashMap::new();
+        let mut subscribers: HashMap<(&'static str, &'static str), Vec<Subscribed<S>>> =
+            HashMap::new();
+        // Every type handled, by a handler or by subscribers (the first one's event type).
         let mut handled: HashMap<(&str, &str), (&'static EventType, &'static str)> = HashMap::new();
         for handler in self.handlers {
             if config.lease_mode == LeaseMode::HeldTransaction && handler.route.is_transactional() {
                 return Err(BuildError::TransactionalHandler { handler: handler.event_name });
+            }
+            if config.lease_mode == LeaseMode::HeldTransaction && handler.subscriber.is_some() {
+                return Err(BuildError::InvalidSetting(
+                    "subscribers need `LeaseMode::Written` (the default)",
+                ));
+            }
+            if let Some(name) = &handler.subscriber {
+                if !is_valid_name(name) {
+                    return Err(BuildError::InvalidSubscriberName { name: name.clone() });
+                }
             }
             let policy = handler.options.over(&config);
             max_attempts(policy.max_attempts)?;
             let route = Routed { route: Arc::from(handler.route), policy };
             for event_type in handler.event_types {
                 let key = (handler.aggregate_type, event_type.name());
-                if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
-                    return Err(BuildError::DuplicateHandler {
-                        aggregate_type: handler.aggregate_type,
-                        event_type: event_type.name(),
-                        first,
-                        second: handler.event_name,
+                let both = || BuildError::HandledAndSubscribed {
+                    aggregate_type: key.0,
+                    event_type: key.1,
+                };
+                let Some(name) = &handler.subscriber else {
+                    if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
+                        if subscribers.contains_key(&key) {
+                            return Err(both());
+                        }
+                        return Err(BuildError::DuplicateHandler {
+                            aggregate_type: handler.aggregate_type,
+                            event_type: event_type.name(),
+                            first,
+                            second: handler.event_name,
+                        });
+                    }
+                    routes.insert(key, route.clone());
+                    continue;
+                };
+                if routes.contains_key(&key) {
+                    return Err(both());
+                }
+                let of_type = subscribers.entry(key).or_default();
+                if of_type.iter().any(|other| *other.name == **name) {
+                    return Err(BuildError::DuplicateSubscriber {
+                        subscriber: name.clone(),
+                        aggregate_type: key.0,
+                        event_type: key.1,
                     });
                 }
-                routes.insert(key, route.clone());
+                of_type.push(Subscribed {
+                    name: Arc::from(name.as_str()),
+                    routed: route.clone(),
+                    newest: event_type.version(),
+                });
+                handled.entry(key).or_insert((event_type, handler.event_name));
             }
         }
         let upcasters = json_upcasters(self.upcasters, &handled)?;
@@ -540,15 +670,24 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             None => None,
         };
         // Rows newer than a handler reads stay for newer relays, unless they are to fail.
+        let newest = |version: u32| match config.newer_versions {
+            NewerVersions::LeaveForOthers => i32::try_from(version).unwrap_or(i32::MAX),
+            NewerVersions::Fail => i32::MAX,
+        };
         let mut types = TypeVersions::default();
         for (&(aggregate_type, name), &(event_type, _)) in &handled {
-            let newest = match config.newer_versions {
-                NewerVersions::LeaveForOthers => {
-                    i32::try_from(event_type.version()).unwrap_or(i32::MAX)
+            match subscribers.get(&(aggregate_type, name)) {
+                None => types.push(aggregate_type, name, "", newest(event_type.version())),
+                Some(of_type) => {
+                    // An event is delivered to every subscriber here at once: one that reads
+                    // an older version leaves it for a relay that all of its subscribers read.
+                    let oldest = of_type.iter().map(|s| s.newest).min().unwrap_or(1);
+                    types.push(aggregate_type, name, "", newest(oldest));
+                    for subscriber in of_type {
+                        types.push(aggregate_type, name, &subscriber.name, newest(subscriber.newest));
+                    }
                 }
-                NewerVersions::Fail => i32::MAX,
-            };
-            types.push(aggregate_type, name, newest);
+            }
         }
         // While the sink is unavailable a relay that also handles events leases only those.
         let handled_types = (!types.event_types.is_empty()).then(|| types.clone());
@@ -562,7 +701,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                 });
             }
             // A forwarded payload goes out as stored, whatever its version.
-            types.push(&aggregate_type, &event_type, i32::MAX);
+            types.push(&aggregate_type, &event_type, "", i32::MAX);
         }
 
         // Ordered rows become leasable one per aggregate, as their predecessors are published,
@@ -631,6 +770,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             metrics,
             registration,
             held_rows: HeldRows::default(),
+            subscribers: subscribers.into_iter().map(|(key, of)| (key, Arc::from(of))).collect(),
         })
     }
 }
@@ -649,6 +789,14 @@ impl<S> RelayBuilder<S> {
         }
         self
     }
+}
+
+/// Whether `name` follows the grammar of the derive's names (`outbox-macros/src/name.rs`).
+fn is_valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 128
+        && chars.next().is_some_and(|first| first.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
 }
 
 /// The JSON upcasters by the version they read, each checked to run for some handler: one per

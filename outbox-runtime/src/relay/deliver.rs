@@ -8,6 +8,7 @@ use futures_util::FutureExt;
 use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
+use uuid::Uuid;
 
 use crate::decode::JsonUpcasters;
 use crate::error::ErrorChain;
@@ -15,21 +16,21 @@ use crate::otel;
 use crate::relay::acker::{Ack, Failed, Outcome};
 use crate::relay::config::{Policy, RelayConfig};
 use crate::relay::context::RowMeta;
+use crate::relay::fan_out::FanOut;
 use crate::relay::handler::{DeliveryLease, Payload, Route, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::outcome::Verdict;
 use crate::relay::pace::Pace;
+use crate::relay::Subscribed;
 use crate::store::LeasedEvent;
 
 /// Longest error text kept in `last_error`.
 const MAX_ERROR_LEN: usize = 4_096;
 
 pub(crate) struct Delivery<S> {
-    /// `None` when no handler takes this event type (the `UnknownEvents::Fail` policy).
-    pub(crate) route: Option<Arc<dyn Route<S>>>,
-    /// The route's timeout and retries.
-    pub(crate) policy: Policy,
+    /// Whom the row goes to.
+    pub(crate) target: Target<S>,
     /// The relay's JSON upcasters, for rows older than their handler's type reads.
     pub(crate) upcasters: Arc<JsonUpcasters>,
     pub(crate) state: S,
@@ -44,7 +45,16 @@ pub(crate) struct Delivery<S> {
     pub(crate) pace: Pace,
 }
 
-impl<S> Delivery<S> {
+/// Whom a leased row goes to.
+pub(crate) enum Target<S> {
+    /// One route with its timeout and retries; `None` when no handler takes the event type (the
+    /// `UnknownEvents::Fail` policy).
+    One { route: Option<Arc<dyn Route<S>>>, policy: Policy },
+    /// The relay's subscribers of the event's type (`fan_out.rs`).
+    Subscribers(Arc<[Subscribed<S>]>),
+}
+
+impl<S: Clone + Send + Sync + 'static> Delivery<S> {
     /// Hands the row back unstarted (at shutdown).
     pub(crate) fn hand_back(self) {
         let _ = self.acks.send(ack(&self.row, Outcome::HandedBack));
@@ -52,8 +62,7 @@ impl<S> Delivery<S> {
 
     pub(crate) async fn run(self) {
         let Delivery {
-            route,
-            policy,
+            target,
             upcasters,
             state,
             row,
@@ -65,6 +74,10 @@ impl<S> Delivery<S> {
             pace,
         } = self;
         let earlier_failures = u32::try_from(row.attempts).unwrap_or(0);
+        let policy = match &target {
+            Target::One { policy, .. } => *policy,
+            Target::Subscribers(_) => config.policy(),
+        };
         let retries = Retries { policy, earlier_failures };
         // If this task is cancelled (shutdown timeout), the guard hands the row back.
         let mut guard = AckGuard { acks, ack: Some(ack(&row, Outcome::HandedBack)), retries };
@@ -76,19 +89,29 @@ impl<S> Delivery<S> {
         let expired_leases = u32::try_from(row.expired_leases).unwrap_or(0);
         // Which delivery this is: failed deliveries and expired leases before it, plus one.
         let span = otel::delivery_span(&row, earlier_failures + expired_leases + 1);
-        let (event_id, event_type) = (row.event_id, row.event_type.clone());
+        let (event_id, event_type) = (row.delivered_event_id(), row.event_type.clone());
+        let subscriber = (!row.subscriber.is_empty()).then(|| row.subscriber.clone());
         let started = std::time::Instant::now();
         let delivery_lease =
-            DeliveryLease { pool, lease: lease.clone(), on_publish: config.on_publish };
+            DeliveryLease { pool: pool.clone(), lease: lease.clone(), on_publish: config.on_publish };
+        let fan_out_lease = lease.clone();
         let handling = async {
-            let Some(route) = route else {
-                return Err(Failure::from(format!(
-                    "no handler registered for aggregate `{}`, event type `{}`",
-                    row.aggregate_type, row.event_type
-                )));
+            let route = match target {
+                Target::One { route: Some(route), .. } => route,
+                Target::One { route: None, .. } => {
+                    return Handled::One(Err(Failure::from(format!(
+                        "no handler registered for aggregate `{}`, event type `{}`",
+                        row.aggregate_type, row.event_type
+                    ))));
+                }
+                Target::Subscribers(subscribers) => {
+                    let lease = &fan_out_lease;
+                    let fan_out = FanOut { row: &row, upcasters: &upcasters, pool: &pool, lease };
+                    return Handled::FanOut(fan_out.deliver(&subscribers, &state, &config).await);
+                }
             };
             let meta = RowMeta {
-                event_id: row.event_id,
+                event_id,
                 aggregate_type: row.aggregate_type,
                 aggregate_id: row.aggregate_id,
                 event_type: row.event_type,
@@ -100,36 +123,16 @@ impl<S> Delivery<S> {
                 created_at: row.created_at,
             };
             let payload = Payload { json: &row.payload, upcasters: &upcasters };
-            let call = || route.call(state, meta, payload, delivery_lease);
-            let handling =
-                catch_unwind(AssertUnwindSafe(call)).map_err(panic_message)?.map_err(|decode| {
-                    Failure {
-                        error: ErrorChain(&decode).to_string(),
-                        logged: decode.without_payload(),
-                        verdict: Verdict::Retry,
-                    }
-                })?;
-            let handling = AssertUnwindSafe(handling).catch_unwind();
-            let finished = match policy.timeout {
-                Some(limit) => tokio::time::timeout(limit, handling)
-                    .await
-                    .map_err(|_| format!("handler timed out after {limit:?}"))?,
-                None => handling.await,
-            };
-            let handled = finished.map_err(panic_message)?;
-            handled.map_err(|error| {
-                let verdict = Verdict::of(&*error);
-                Failure { verdict, ..Failure::from(ErrorChain(&*error).to_string()) }
-            })
+            Handled::One(call(&*route, policy, state, meta, payload, delivery_lease).await)
         }
         .instrument(span.clone());
         // A lease that can no longer be vouched for cancels its delivery: past its deadline
         // another relay may take the row.
         // A handler that finished as the deadline passed counts as finished: its outcome is
         // acknowledged rather than its row handed back and delivered again.
-        let result = tokio::select! {
+        let handled = tokio::select! {
             biased;
-            result = handling => result,
+            handled = handling => handled,
             () = lease.expired() => {
                 let _entered = span.enter();
                 tracing::warn!(
@@ -146,6 +149,10 @@ impl<S> Delivery<S> {
         pace.record(took);
 
         let _entered = span.enter();
+        let result = match handled {
+            Handled::One(result) => result,
+            Handled::FanOut(outcome) => return guard.send(outcome),
+        };
         let outcome = match result {
             Ok(Settled::Handled) => {
                 tracing::debug!("outbox event delivered");
@@ -171,28 +178,78 @@ impl<S> Delivery<S> {
             }
             Err(Failure { error, logged, verdict }) => {
                 let rejected = verdict == Verdict::Reject;
-                // The id and type again, for subscribers that leave the info-level span out.
-                if rejected {
-                    tracing::warn!(
-                        %event_id,
-                        %event_type,
-                        error = %logged,
-                        "outbox event rejected by its handler: dead now, whatever its attempts; \
-                         requeue it (`outbox dead requeue`) once it can succeed"
-                    );
-                } else {
-                    tracing::warn!(
-                        %event_id,
-                        %event_type,
-                        error = %logged,
-                        "outbox event delivery failed; retried with backoff until its attempts \
-                         run out (the whole error is kept in last_error)"
-                    );
-                }
+                log_failure(event_id, &event_type, subscriber.as_deref(), &logged, rejected);
                 Outcome::Failed(retries.failed(clean_error(error), rejected))
             }
         };
         guard.send(outcome);
+    }
+}
+
+/// What a delivery's handling came to: one route's result, or a fan-out's outcome.
+enum Handled {
+    One(Result<Settled, Failure>),
+    FanOut(Outcome),
+}
+
+/// Calls `route` with an event: how it ended, or why it failed (a panic, a payload that does not
+/// decode, the policy's timeout, the handler's error and what it asked for).
+pub(super) async fn call<S>(
+    route: &dyn Route<S>,
+    policy: Policy,
+    state: S,
+    meta: RowMeta,
+    payload: Payload<'_>,
+    lease: DeliveryLease,
+) -> Result<Settled, Failure> {
+    let call = || route.call(state, meta, payload, lease);
+    let handling =
+        catch_unwind(AssertUnwindSafe(call)).map_err(panic_message)?.map_err(|decode| Failure {
+            error: ErrorChain(&decode).to_string(),
+            logged: decode.without_payload(),
+            verdict: Verdict::Retry,
+        })?;
+    let handling = AssertUnwindSafe(handling).catch_unwind();
+    let finished = match policy.timeout {
+        Some(limit) => tokio::time::timeout(limit, handling)
+            .await
+            .map_err(|_| format!("handler timed out after {limit:?}"))?,
+        None => handling.await,
+    };
+    let handled = finished.map_err(panic_message)?;
+    handled.map_err(|error| {
+        let verdict = Verdict::of(&*error);
+        Failure { verdict, ..Failure::from(ErrorChain(&*error).to_string()) }
+    })
+}
+
+/// Logs a failed delivery (with the id and type again, for subscribers that leave the
+/// info-level span out).
+pub(super) fn log_failure(
+    event_id: Uuid,
+    event_type: &str,
+    subscriber: Option<&str>,
+    logged: &str,
+    rejected: bool,
+) {
+    if rejected {
+        tracing::warn!(
+            %event_id,
+            event_type,
+            subscriber,
+            error = logged,
+            "outbox event rejected by its handler: dead now, whatever its attempts; \
+             requeue it (`outbox dead requeue`) once it can succeed"
+        );
+    } else {
+        tracing::warn!(
+            %event_id,
+            event_type,
+            subscriber,
+            error = logged,
+            "outbox event delivery failed; retried with backoff until its attempts \
+             run out (the whole error is kept in last_error)"
+        );
     }
 }
 
@@ -255,10 +312,10 @@ pub(crate) fn panic_text(panic: &(dyn Any + Send)) -> &str {
 /// Why a delivery failed: the whole text, kept in `last_error`, what its log line says (the
 /// same, but for a payload that does not decode, whose details can quote the payload), and what
 /// the handler's error asked for.
-struct Failure {
-    error: String,
-    logged: String,
-    verdict: Verdict,
+pub(super) struct Failure {
+    pub(super) error: String,
+    pub(super) logged: String,
+    pub(super) verdict: Verdict,
 }
 
 impl From<String> for Failure {
@@ -286,7 +343,7 @@ impl Retries {
 }
 
 /// Makes an error text storable: PostgreSQL `text` refuses NUL, and a huge text bloats rows.
-fn clean_error(mut error: String) -> String {
+pub(super) fn clean_error(mut error: String) -> String {
     if error.contains('\0') {
         error = error.replace('\0', "\u{FFFD}");
     }

@@ -440,7 +440,9 @@ async fn write(
                 snoozes.push(ack.event_id, token, *delay);
                 snoozed += 1;
             }
+            // Subscribers need the written lease mode (`build` refuses them here).
             Outcome::HandedBack | Outcome::Published | Outcome::LeaseLost => {}
+            Outcome::FannedOut(_) => {}
         }
     }
     if !delivered.is_empty() {
@@ -470,7 +472,7 @@ fn count<S>(relay: &Relay<S>, acks: &[Ack], dead: &HashSet<Uuid>) {
                 metrics.failed(&ack.event_type, dead.contains(&ack.event_id), failure.rejected)
             }
             Outcome::Snoozed { .. } => metrics.snoozed(&ack.event_type),
-            Outcome::HandedBack | Outcome::LeaseLost => handed_back += 1,
+            Outcome::HandedBack | Outcome::LeaseLost | Outcome::FannedOut(_) => handed_back += 1,
         }
     }
     metrics.handed_back(handed_back);

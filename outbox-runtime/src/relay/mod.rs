@@ -28,6 +28,7 @@ mod connections;
 mod context;
 mod cursor;
 mod deliver;
+mod fan_out;
 mod forwarding;
 mod handler;
 mod held;
@@ -58,7 +59,7 @@ use crate::store::{LeasePlan, LeasedEvent};
 use acker::{Ack, Acker};
 use config::{Policy, RelayConfig};
 use connections::Connections;
-use deliver::Delivery;
+use deliver::{Delivery, Target};
 use forwarding::Forwarding;
 use held::{Held, HeldLease, HeldRows};
 use pace::Pace;
@@ -93,6 +94,17 @@ struct Routed<S> {
     policy: Policy,
 }
 
+/// The subscribers of each event type that has them, by `(aggregate_type, event_type)`.
+type Subscribers<S> = HashMap<(&'static str, &'static str), Arc<[Subscribed<S>]>>;
+
+/// One subscriber of an event type, as this relay runs it.
+struct Subscribed<S> {
+    name: Arc<str>,
+    routed: Routed<S>,
+    /// The newest version of the type its handler reads.
+    newest: u32,
+}
+
 /// Delivers committed outbox events to typed handlers, at least once each.
 ///
 /// Build one with [`Relay::builder`], then [`run_until`](Relay::run_until) a shutdown signal.
@@ -119,6 +131,8 @@ pub struct Relay<S = ()> {
     registration: Registration,
     /// Rows it holds leases on, for that entry.
     held_rows: HeldRows,
+    /// The subscribers it runs, by event type (types with subscribers have no route).
+    subscribers: Subscribers<S>,
 }
 
 /// What a relay decided once, when it was built, from its handlers and settings.
@@ -177,6 +191,11 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         // On the relay's own connections: the application's pool may be busy, or exhausted.
         tokio::select! {
             checked = crate::migrate::await_schema(&connections.relay) => checked?,
+            () = &mut shutdown => return Ok(self.metrics.counts()),
+        }
+        // Before the first lease: an event's acknowledgement copies it for registered subscribers.
+        tokio::select! {
+            () = fan_out::register(&connections.relay, &self.subscribers) => {}
             () = &mut shutdown => return Ok(self.metrics.counts()),
         }
         let wake = Arc::new(Notify::new());
@@ -283,14 +302,24 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         chores
     }
 
-    /// The route for a leased row, with its policy: its handler's, else the forwarding one;
-    /// no route when neither takes its type (the `UnknownEvents::Fail` policy leases those
-    /// too), and then the relay's policy.
-    fn route(&self, row: &LeasedEvent) -> (Option<Arc<dyn Route<S>>>, Policy) {
-        let handler = self.routes.get(&(row.aggregate_type.as_str(), row.event_type.as_str()));
-        match handler.or(self.fallback.as_ref()) {
-            Some(Routed { route, policy }) => (Some(route.clone()), *policy),
-            None => (None, self.config.policy()),
+    /// Whom a leased row goes to: a copy to its subscriber, an event of a type with subscribers
+    /// to those this relay runs, any other to its handler, else to the forwarding route; to no
+    /// route when none takes its type (the `UnknownEvents::Fail` policy leases those too), and
+    /// then with the relay's policy.
+    fn target(&self, row: &LeasedEvent) -> Target<S> {
+        let key = (row.aggregate_type.as_str(), row.event_type.as_str());
+        let routed = match self.subscribers.get(&key) {
+            Some(subscribers) if row.subscriber.is_empty() => {
+                return Target::Subscribers(subscribers.clone());
+            }
+            Some(subscribers) => {
+                subscribers.iter().find(|s| *s.name == row.subscriber).map(|s| &s.routed)
+            }
+            None => self.routes.get(&key).or(self.fallback.as_ref()),
+        };
+        match routed {
+            Some(Routed { route, policy }) => Target::One { route: Some(route.clone()), policy: *policy },
+            None => Target::One { route: None, policy: self.config.policy() },
         }
     }
 
@@ -302,10 +331,8 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         acks: &mpsc::UnboundedSender<Ack>,
         pace: &Pace,
     ) -> Delivery<S> {
-        let (route, policy) = self.route(&row);
         Delivery {
-            route,
-            policy,
+            target: self.target(&row),
             upcasters: self.upcasters.clone(),
             state: self.state.clone(),
             row,

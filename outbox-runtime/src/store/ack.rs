@@ -103,6 +103,76 @@ pub(crate) const PUBLISH_DELETE: &str = concat!(
      RETURNING e.event_id"
 );
 
+/// What a fanned-out event `f` (of the statement's `fanned` rows) leaves for its subscribers,
+/// given each one's outcome by event and subscriber (`$values`, as [`FAN_OUT`] takes them): a copy
+/// for every subscriber registered for its type or named there, but those that took it (JSON
+/// `null`). A copy is written once per event and subscriber.
+macro_rules! copies {
+    ($values:literal) => {
+        concat!(
+            "INSERT INTO outbox.events (source_event_id, subscriber, aggregate_type, aggregate_id, \
+                                        event_type, event_version, payload, headers, created_at, \
+                                        ordered, available_at, attempts, last_error, dead_at) \
+             SELECT f.event_id, s.subscriber, f.aggregate_type, f.aggregate_id, f.event_type, \
+                    f.event_version, f.payload, f.headers, f.created_at, f.ordered, \
+                    statement_timestamp() + coalesce((o.outcome ->> 1)::bigint, 0) \
+                                            * interval '1 microsecond', \
+                    coalesce((o.outcome ->> 2)::int, 0), o.outcome ->> 0, \
+                    CASE WHEN (o.outcome ->> 3)::boolean THEN statement_timestamp() END \
+             FROM fanned f \
+             CROSS JOIN LATERAL ( \
+                 SELECT r.subscriber FROM outbox.subscribers r \
+                 WHERE r.aggregate_type = f.aggregate_type AND r.event_type = f.event_type \
+                 UNION \
+                 SELECT jsonb_object_keys(",
+            $values,
+            "::jsonb -> f.event_id::text) \
+             ) s \
+             CROSS JOIN LATERAL (SELECT ",
+            $values,
+            "::jsonb -> f.event_id::text -> s.subscriber AS outcome) o \
+             WHERE o.outcome IS DISTINCT FROM 'null'::jsonb \
+             ON CONFLICT (source_event_id, subscriber) WHERE source_event_id IS NOT NULL \
+             DO NOTHING"
+        )
+    };
+}
+
+/// The columns of a fanned-out event its copies take.
+macro_rules! fanned_columns {
+    () => {
+        "e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, e.event_version, e.payload, \
+         e.headers, e.created_at, e.ordered"
+    };
+}
+
+/// Acknowledges events delivered to a relay's subscribers: marks them published and writes a copy
+/// for each subscriber that still needs one (see [`copies!`]), in one statement. `$1` ids, `$2`
+/// tokens, `$3` each event's outcomes by subscriber: `{"<id>": {"<subscriber>": null}}` for
+/// one that took it, `[error, delay in microseconds, attempts, dead]` for one that did not
+/// (error null, attempts 0 when it did not fail: snoozed, or held back behind an earlier event).
+pub(crate) const FAN_OUT: &str = concat!(
+    fenced_rows!(),
+    ", fanned AS (UPDATE outbox.events e SET published_at = now() \
+       WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM mine)) RETURNING ",
+    fanned_columns!(),
+    "), copies AS (",
+    copies!("$3"),
+    ") SELECT f.event_id FROM fanned f"
+);
+
+/// [`FAN_OUT`] deleting the events instead ([`OnPublish::Delete`]): their copies keep the
+/// payload.
+pub(crate) const FAN_OUT_DELETE: &str = concat!(
+    fenced_rows!(),
+    ", fanned AS (DELETE FROM outbox.events e \
+       WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM mine)) RETURNING ",
+    fanned_columns!(),
+    "), copies AS (",
+    copies!("$3"),
+    ") SELECT f.event_id FROM fanned f"
+);
+
 /// What acknowledging a delivered row does to it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum OnPublish {
@@ -268,6 +338,61 @@ impl ByRow {
     {
         sqlx::query_as(sql).bind(&self.event_ids).bind(sqlx::types::Json(&self.values))
     }
+}
+
+/// Events delivered to subscribers, for one [`fan_out`] statement.
+#[derive(Default)]
+pub(crate) struct FanOuts(ByRow);
+
+/// What one subscriber made of an event delivered to it, for [`FanOuts::push`].
+pub(crate) enum Copy<'a> {
+    /// It took the event: no copy.
+    Taken,
+    /// A copy due after `delay`, with `attempts` failed deliveries (0 or 1), the last one's
+    /// `error`, dead already if `dead`.
+    Due { delay: Duration, attempts: i32, error: Option<&'a str>, dead: bool },
+}
+
+impl FanOuts {
+    /// An event and its subscribers' outcomes; registered subscribers not named get a copy due
+    /// now.
+    pub(crate) fn push<'a>(
+        &mut self,
+        event_id: Uuid,
+        token: Uuid,
+        outcomes: impl IntoIterator<Item = (&'a str, Copy<'a>)>,
+    ) {
+        let by_subscriber = outcomes
+            .into_iter()
+            .map(|(subscriber, copy)| {
+                let value = match copy {
+                    Copy::Taken => serde_json::Value::Null,
+                    Copy::Due { delay, attempts, error, dead } => {
+                        serde_json::json!([error, micros(delay), attempts, dead])
+                    }
+                };
+                (subscriber.to_owned(), value)
+            })
+            .collect();
+        self.0.push(event_id, token, serde_json::Value::Object(by_subscriber));
+    }
+}
+
+/// Acknowledges events delivered to subscribers (see [`FAN_OUT`]). Returns the ids done.
+pub(crate) async fn fan_out(
+    pool: &PgPool,
+    fan_outs: &FanOuts,
+    on_publish: OnPublish,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let rows: Vec<(Uuid,)> = fan_out_query(fan_outs, on_publish).fetch_all(pool).await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+pub(super) fn fan_out_query(fan_outs: &FanOuts, on_publish: OnPublish) -> Rows<'_, (Uuid,)> {
+    fan_outs.0.query(match on_publish {
+        OnPublish::Mark => FAN_OUT,
+        OnPublish::Delete => FAN_OUT_DELETE,
+    })
 }
 
 /// Failed deliveries, for one [`fail`] statement.

@@ -32,6 +32,19 @@ pub(crate) struct LeasedEvent {
     pub(crate) died: bool,
     /// Where the row stood in its type's pending index before this lease moved it.
     pub(crate) position: Position,
+    /// Delivered one at a time per aggregate (and subscriber), in `seq` order.
+    pub(crate) ordered: bool,
+    /// The subscriber a copy is for; empty for an event as emitted.
+    pub(crate) subscriber: String,
+    /// A copy's event, whose id its handler sees; `None` for an event as emitted.
+    pub(crate) source_event_id: Option<Uuid>,
+}
+
+impl LeasedEvent {
+    /// The id of the event delivered: a copy's event's, else the row's own.
+    pub(crate) fn delivered_event_id(&self) -> Uuid {
+        self.source_event_id.unwrap_or(self.event_id)
+    }
 }
 
 /// A row's key in the pending index within its type: `(available_at, seq)`.
@@ -47,9 +60,13 @@ pub(crate) enum Scan<'a> {
     From(&'a Positions),
 }
 
-/// Per type, the position of the last row a relay leased, and the newest version it reads.
+/// A lease's key: `(aggregate_type, event_type, subscriber)`, the subscriber empty for events
+/// as emitted.
+pub(crate) type LeaseKey = (String, String, String);
+
+/// Per lease key, the position of the last row a relay leased, and the newest version it reads.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Positions(HashMap<(String, String), (Position, i32)>);
+pub(crate) struct Positions(HashMap<LeaseKey, (Position, i32)>);
 
 impl Positions {
     /// Moves each type's position to the last of `rows` (a lease's, in index order per type).
@@ -59,11 +76,11 @@ impl Positions {
         rows: impl IntoIterator<Item = &'a LeasedEvent>,
     ) {
         for row in rows {
-            let key = (row.aggregate_type.clone(), row.event_type.clone());
+            let key = (row.aggregate_type.clone(), row.event_type.clone(), row.subscriber.clone());
             match self.0.get_mut(&key) {
                 Some((position, _)) => *position = row.position.max(*position),
                 None => {
-                    let newest = plan.types.newest_version(&key.0, &key.1);
+                    let newest = plan.types.newest_version(&key);
                     self.0.insert(key, (row.position, newest));
                 }
             }
@@ -83,32 +100,44 @@ pub(crate) enum LeaseTypes {
     All(TypeVersions),
 }
 
-/// `(aggregate_type, event_type, newest version read)` triples, column-wise: the relay leaves
-/// rows of a newer version for a relay that reads it.
+/// `(aggregate_type, event_type, subscriber, newest version read)`, column-wise: the relay
+/// leaves rows of a newer version for a relay that reads it. The subscriber is empty for events
+/// as emitted, a name for that subscriber's copies.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TypeVersions {
     pub(crate) aggregate_types: Vec<String>,
     pub(crate) event_types: Vec<String>,
+    pub(crate) subscribers: Vec<String>,
     pub(crate) versions: Vec<i32>,
 }
 
 impl LeaseTypes {
     /// The newest version of a type the relay reads (every version, for a type a relay leasing
     /// every type does not handle).
-    fn newest_version(&self, aggregate_type: &str, event_type: &str) -> i32 {
+    fn newest_version(&self, (aggregate_type, event_type, subscriber): &LeaseKey) -> i32 {
         let (LeaseTypes::Only(types) | LeaseTypes::All(types)) = self;
         (0..types.event_types.len())
             .find(|&i| {
-                types.aggregate_types[i] == aggregate_type && types.event_types[i] == event_type
+                types.aggregate_types[i] == *aggregate_type
+                    && types.event_types[i] == *event_type
+                    && types.subscribers[i] == *subscriber
             })
             .map_or(i32::MAX, |i| types.versions[i])
     }
 }
 
 impl TypeVersions {
-    pub(crate) fn push(&mut self, aggregate_type: &str, event_type: &str, newest: i32) {
+    /// Adds a lease key: `subscriber` empty for the events as emitted.
+    pub(crate) fn push(
+        &mut self,
+        aggregate_type: &str,
+        event_type: &str,
+        subscriber: &str,
+        newest: i32,
+    ) {
         self.aggregate_types.push(aggregate_type.to_owned());
         self.event_types.push(event_type.to_owned());
+        self.subscribers.push(subscriber.to_owned());
         self.versions.push(newest);
     }
 }
@@ -164,7 +193,8 @@ macro_rules! lease_sql {
              WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM candidates)) \
              RETURNING e.event_id, e.aggregate_type, e.aggregate_id, e.event_type, \
                        e.payload::text, e.headers, e.created_at, e.attempts, \
-                       e.expired_leases, e.dead_at IS NOT NULL AS died, e.event_version, e.seq \
+                       e.expired_leases, e.dead_at IS NOT NULL AS died, e.event_version, e.seq, \
+                       e.ordered, e.subscriber, e.source_event_id \
              ) \
              SELECT l.*, c.available_at FROM leased l JOIN candidates c USING (seq)"
         )
@@ -172,27 +202,32 @@ macro_rules! lease_sql {
 }
 
 /// The condition that keeps an ordered row `r` back while an earlier ordered event of its
-/// aggregate is undelivered (leased, failing, delayed, or dead unless `$5` skips dead ones).
+/// aggregate is undelivered (leased, failing, delayed, or dead unless `$5` skips dead ones):
+/// an event as emitted waits for the earlier events as emitted, a subscriber's copy for those
+/// and for the subscriber's earlier copies.
 /// Gap-free because an ordered emit locks its aggregate before drawing `seq`: every earlier
-/// event of the aggregate was committed, and so is visible here, before `r` could exist.
+/// event of the aggregate was committed, and so is visible here, before `r` could exist. A copy
+/// is written when its event is acknowledged, which a later event of the aggregate waits for:
+/// so copies of one subscriber also take `seq` in the order of their events.
 macro_rules! first_in_aggregate {
     () => {
         "(NOT r.ordered OR NOT EXISTS ( \
              SELECT 1 FROM outbox.events p \
              WHERE p.ordered AND p.published_at IS NULL \
                AND p.aggregate_type = r.aggregate_type AND p.aggregate_id = r.aggregate_id \
-               AND p.seq < r.seq AND (p.dead_at IS NULL OR NOT $5)))"
+               AND p.seq < r.seq AND p.subscriber IN ('', r.subscriber) \
+               AND (p.dead_at IS NULL OR NOT $5)))"
     };
 }
 
-/// The conditions under which `r` is a row the relay may lease of the type `h` (`aggregate_type`,
-/// `event_type`, `newest_version`), with `(r.available_at, r.seq)` then `$position` (a
-/// comparison with a position, for the index scan to start at).
+/// The conditions under which `r` is a row the relay may lease of the key `h` (`aggregate_type`,
+/// `event_type`, `subscriber`, `newest_version`), with `(r.available_at, r.seq)` then
+/// `$position` (a comparison with a position, for the index scan to start at).
 macro_rules! leasable {
     ($position:expr) => {
         concat!(
             "r.aggregate_type = h.aggregate_type AND r.event_type = h.event_type \
-             AND (r.available_at, r.seq) ",
+             AND r.subscriber = h.subscriber AND (r.available_at, r.seq) ",
             $position,
             " AND r.published_at IS NULL AND r.dead_at IS NULL AND r.available_at <= now() \
              AND r.event_version <= h.newest_version AND ",
@@ -250,13 +285,14 @@ macro_rules! oldest_per_type {
     ($types:expr) => {
         concat!(
             "WITH RECURSIVE heads AS ( \
-                 SELECT h.aggregate_type, h.event_type, h.newest_version, f.available_at, f.seq, \
+                 SELECT h.aggregate_type, h.event_type, h.subscriber, h.newest_version, \
+                        f.available_at, f.seq, \
                         CASE WHEN row_number() OVER by_age = 1 THEN 1 \
                              ELSE f.waited / sum(f.waited) OVER (by_age ROWS UNBOUNDED PRECEDING) \
                         END AS part \
                  FROM ",
             $types,
-            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
+            " AS h(aggregate_type, event_type, subscriber, newest_version, from_at, from_seq) \
                  CROSS JOIN LATERAL ( \
                      SELECT r.available_at, r.seq, \
                             extract(epoch FROM now() - r.available_at)::float8 + 0.001 AS waited \
@@ -269,6 +305,7 @@ macro_rules! oldest_per_type {
              ), turns AS MATERIALIZED ( \
                  SELECT array_agg(aggregate_type ORDER BY available_at DESC, seq DESC) AS aggregate_types, \
                         array_agg(event_type ORDER BY available_at DESC, seq DESC) AS event_types, \
+                        array_agg(subscriber ORDER BY available_at DESC, seq DESC) AS subscribers, \
                         array_agg(newest_version ORDER BY available_at DESC, seq DESC) AS versions, \
                         array_agg(available_at ORDER BY available_at DESC, seq DESC) AS head_ats, \
                         array_agg(seq ORDER BY available_at DESC, seq DESC) AS head_seqs, \
@@ -296,6 +333,7 @@ macro_rules! oldest_per_type {
                  CROSS JOIN LATERAL ( \
                      SELECT o.aggregate_types[n.k] AS aggregate_type, \
                             o.event_types[n.k] AS event_type, \
+                            o.subscribers[n.k] AS subscriber, \
                             o.versions[n.k] AS newest_version, \
                             CASE WHEN n.first_lap THEN o.head_ats[n.k] \
                                  ELSE t.after_ats[n.k] END AS from_at, \
@@ -339,7 +377,7 @@ macro_rules! one_type {
         concat!(
             "SELECT c.* FROM ",
             $types,
-            " AS h(aggregate_type, event_type, newest_version, from_at, from_seq) \
+            " AS h(aggregate_type, event_type, subscriber, newest_version, from_at, from_seq) \
              CROSS JOIN LATERAL ( \
                  SELECT ",
             $columns,
@@ -368,14 +406,14 @@ macro_rules! not_paused {
     };
 }
 
-/// The types a lease of the handled types reads: `$6` to `$8`, each past `$9`, `$10`; those not
-/// paused.
+/// The keys a lease of the handled types reads: `$6` to `$9`, each past `$10`, `$11`; those of
+/// types not paused.
 macro_rules! handled_types {
     () => {
         concat!(
-            "(SELECT * FROM UNNEST($6::text[], $7::text[], $8::int4[], $9::timestamptz[], \
-                                   $10::int8[]) \
-                 AS t(aggregate_type, event_type, newest_version, from_at, from_seq) \
+            "(SELECT * FROM UNNEST($6::text[], $7::text[], $8::text[], $9::int4[], \
+                                   $10::timestamptz[], $11::int8[]) \
+                 AS t(aggregate_type, event_type, subscriber, newest_version, from_at, from_seq) \
              WHERE ",
             not_paused!("t"),
             ")"
@@ -383,9 +421,9 @@ macro_rules! handled_types {
     };
 }
 
-/// Every type with pending rows and not paused, those in `$6` to `$8` up to their versions,
-/// from the head: a skip scan of the per-type index (one probe per type), not an index of their
-/// own.
+/// Every type with pending rows and not paused, its events as emitted, those in `$6` to `$9` up
+/// to their versions, from the head: a skip scan of the per-type index (one probe per type), not
+/// an index of their own; and the subscribers' copies listed there.
 macro_rules! pending_types {
     () => {
         concat!("(WITH RECURSIVE pending_types AS ( \
@@ -400,17 +438,23 @@ macro_rules! pending_types {
              ORDER BY r.aggregate_type, r.event_type LIMIT 1 \
          ) n \
      ) \
-     SELECT t.aggregate_type, t.event_type, coalesce(v.newest, 2147483647), \
+     SELECT t.aggregate_type, t.event_type, '', coalesce(v.newest, 2147483647), \
             NULL::timestamptz, NULL::int8 \
      FROM pending_types t \
-     LEFT JOIN UNNEST($6::text[], $7::text[], $8::int4[]) AS v(aggregate_type, event_type, newest) \
-     ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type \
-     WHERE ", not_paused!("t"), ")")
+     LEFT JOIN UNNEST($6::text[], $7::text[], $8::text[], $9::int4[]) \
+         AS v(aggregate_type, event_type, subscriber, newest) \
+     ON v.aggregate_type = t.aggregate_type AND v.event_type = t.event_type AND v.subscriber = '' \
+     WHERE ", not_paused!("t"), " \
+     UNION ALL \
+     SELECT v.aggregate_type, v.event_type, v.subscriber, v.newest, NULL::timestamptz, NULL::int8 \
+     FROM UNNEST($6::text[], $7::text[], $8::text[], $9::int4[]) \
+         AS v(aggregate_type, event_type, subscriber, newest) \
+     WHERE v.subscriber <> '' AND ", not_paused!("v"), ")")
     };
 }
 
-/// Leases the oldest available rows of the types `$6` to `$8` (up to their versions), each past
-/// the position `$9`, `$10`; all column-wise. `$11`: the rows the relay holds.
+/// Leases the oldest available rows of the keys `$6` to `$9` (up to their versions), each past
+/// the position `$10`, `$11`; all column-wise. `$12`: the rows the relay holds.
 ///
 /// A row removed from the pending rows (leased, published, deleted) leaves its index entry
 /// behind, dead, at the head of the index, where every scan from the head steps over it until
@@ -420,15 +464,15 @@ macro_rules! pending_types {
 /// took of the type; it reads from the head (NULL) again once it has caught up, and at
 /// least once a second, for the rows that land behind that position (a transaction that
 /// committed late, an event scheduled in the past).
-pub(crate) const LEASE_HANDLED: &str = lease_sql!("$11", oldest_per_type!(handled_types!()));
+pub(crate) const LEASE_HANDLED: &str = lease_sql!("$12", oldest_per_type!(handled_types!()));
 
-/// [`LEASE_HANDLED`] for a single type (`$6` to `$10` hold one element each).
+/// [`LEASE_HANDLED`] for a single key (`$6` to `$11` hold one element each).
 pub(crate) const LEASE_ONE: &str =
-    lease_sql!("$11", one_type!(handled_types!(), "r.ctid, r.available_at, r.seq"));
+    lease_sql!("$12", one_type!(handled_types!(), "r.ctid, r.available_at, r.seq"));
 
-/// Leases the oldest available rows of any type, those in `$6` to `$8` up to their versions
-/// (`$9`: the rows the relay holds).
-pub(crate) const LEASE_ANY: &str = lease_sql!("$9", oldest_per_type!(pending_types!()));
+/// Leases the oldest available rows of any type, those in `$6` to `$9` up to their versions, and
+/// the copies of the subscribers listed there (`$10`: the rows the relay holds).
+pub(crate) const LEASE_ANY: &str = lease_sql!("$10", oldest_per_type!(pending_types!()));
 
 /// What the held-transaction lease returns of each row `r`, in [`lease_sql!`]'s order, then
 /// the address of the row version it locked (see [`hold`]).
@@ -436,7 +480,7 @@ macro_rules! held_columns {
     () => {
         "r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::text, r.headers, \
          r.created_at, r.attempts, r.expired_leases, false AS died, r.event_version, r.seq, \
-         r.available_at, r.ctid::text"
+         r.ordered, r.subscriber, r.source_event_id, r.available_at, r.ctid::text"
     };
 }
 
@@ -518,7 +562,7 @@ pub(crate) async fn hold(
     token: Uuid,
 ) -> Result<Vec<(LeasedEvent, RowAddress)>, sqlx::Error> {
     let rows = lease_query(plan, scan, limit, token, None).fetch_all(tx).await?;
-    rows.iter().map(|row| Ok((leased_event(row, token)?, RowAddress(row.try_get(13)?)))).collect()
+    rows.iter().map(|row| Ok((leased_event(row, token)?, RowAddress(row.try_get(16)?)))).collect()
 }
 
 /// Where a held row's locked version lies (its `ctid`, as text): it cannot move while the
@@ -540,15 +584,18 @@ fn leased_event(row: &PgRow, token: Uuid) -> Result<LeasedEvent, sqlx::Error> {
         expired_leases: row.try_get(8)?,
         died: row.try_get(9)?,
         event_version: row.try_get(10)?,
-        position: (row.try_get(12)?, row.try_get(11)?),
+        position: (row.try_get(15)?, row.try_get(11)?),
+        ordered: row.try_get(12)?,
+        subscriber: row.try_get(13)?,
+        source_event_id: row.try_get(14)?,
         lease_token: token,
     })
 }
 
 /// `$1` limit, `$2` token, `$3` lease in microseconds, `$4` most expired leases, `$5` skip dead
-/// ordered events, `$6` to `$8` the types and their newest versions, and for
-/// [`LEASE_HANDLED`] `$9`, `$10` where each type's scan starts; all column-wise; then the held
-/// rows (`$11`, or `$9` for [`LEASE_ANY`]). `held` `None`: the held-transaction statements
+/// ordered events, `$6` to `$9` the keys and their newest versions, and for
+/// [`LEASE_HANDLED`] `$10`, `$11` where each key's scan starts; all column-wise; then the held
+/// rows (`$12`, or `$10` for [`LEASE_ANY`]). `held` `None`: the held-transaction statements
 /// ([`HOLD_HANDLED`], [`HOLD_ANY`]), which take no held rows.
 pub(super) fn lease_query<'q>(
     plan: &'q LeasePlan,
@@ -571,26 +618,31 @@ pub(super) fn lease_query<'q>(
             .bind(plan.skip_dead_ordered)
     };
     let query = match (scan, &plan.types) {
-        (Scan::Full, LeaseTypes::All(types)) => {
-            query(any).bind(&types.aggregate_types).bind(&types.event_types).bind(&types.versions)
-        }
+        (Scan::Full, LeaseTypes::All(types)) => query(any)
+            .bind(&types.aggregate_types)
+            .bind(&types.event_types)
+            .bind(&types.subscribers)
+            .bind(&types.versions),
         (Scan::Full, LeaseTypes::Only(types)) => {
             let head = types.event_types.len();
             query(handled(head))
                 .bind(&types.aggregate_types)
                 .bind(&types.event_types)
+                .bind(&types.subscribers)
                 .bind(&types.versions)
                 .bind(vec![None::<DateTime<Utc>>; head])
                 .bind(vec![None::<i64>; head])
         }
         (Scan::From(positions), _) => {
-            let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for ((aggregate_type, event_type), ((at, seq), newest)) in &positions.0 {
+            let mut columns =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for ((aggregate_type, event_type, subscriber), ((at, seq), newest)) in &positions.0 {
                 columns.0.push(aggregate_type.clone());
                 columns.1.push(event_type.clone());
-                columns.2.push(*newest);
-                columns.3.push(*at);
-                columns.4.push(*seq);
+                columns.2.push(subscriber.clone());
+                columns.3.push(*newest);
+                columns.4.push(*at);
+                columns.5.push(*seq);
             }
             query(handled(columns.0.len()))
                 .bind(columns.0)
@@ -598,6 +650,7 @@ pub(super) fn lease_query<'q>(
                 .bind(columns.2)
                 .bind(columns.3)
                 .bind(columns.4)
+                .bind(columns.5)
         }
     };
     match held {

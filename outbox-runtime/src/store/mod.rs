@@ -34,12 +34,13 @@ mod relays;
 mod replay;
 mod schema;
 mod sleepers;
+mod subscribers;
 #[cfg(feature = "testing")]
 pub(crate) mod testing;
 
 pub(crate) use ack::{
-    fail, fail_held, publish, publish_held, publish_in, release, renew, snooze, snooze_held,
-    still_leased, Failures, OnPublish, Snoozes,
+    fail, fail_held, fan_out, publish, publish_held, publish_in, release, renew, snooze,
+    snooze_held, still_leased, Copy, FanOuts, Failures, OnPublish, Snoozes,
 };
 #[cfg_attr(not(feature = "console"), allow(unused_imports))]
 pub(crate) use activity::{activity, ActivityRow};
@@ -59,6 +60,7 @@ pub(crate) use pauses::{pause, paused, resume};
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
 pub(crate) use replay::{count_published, replay};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
+pub(crate) use subscribers::{behind, register as register_subscribers};
 pub(crate) use sleepers::{
     backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
 };
@@ -67,8 +69,9 @@ pub(crate) use sleepers::{
 #[cfg(feature = "test-hooks")]
 pub(crate) use {
     ack::{
-        FAIL, HELD_FAIL, HELD_PUBLISH, HELD_PUBLISH_DELETE, HELD_SNOOZE, PUBLISH, PUBLISH_DELETE,
-        PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE, STILL_LEASED,
+        FAIL, FAN_OUT, FAN_OUT_DELETE, HELD_FAIL, HELD_PUBLISH, HELD_PUBLISH_DELETE, HELD_SNOOZE,
+        PUBLISH, PUBLISH_DELETE, PUBLISH_ONE, PUBLISH_ONE_DELETE, RELEASE, RENEW, SNOOZE,
+        STILL_LEASED,
     },
     inbox::{
         CLAIM as INBOX_CLAIM, COUNT_DEAD as INBOX_COUNT_DEAD, DEAD as INBOX_DEAD,
@@ -77,6 +80,7 @@ pub(crate) use {
     },
     lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
+    subscribers::{BEHIND, REGISTER as REGISTER_SUBSCRIBERS},
 };
 /// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
 /// whose plans the tests check too.
@@ -162,7 +166,7 @@ mod tests {
         };
         let types = || {
             let mut types = TypeVersions::default();
-            types.push("order", "order.placed", 1);
+            types.push("order", "order.placed", "", 1);
             types
         };
         let only = plan(LeaseTypes::Only(types()));
@@ -171,6 +175,8 @@ mod tests {
         let all = plan(LeaseTypes::All(types()));
         let mut failures = Failures::default();
         failures.push(Uuid::nil(), Uuid::nil(), "boom".to_owned(), Duration::from_secs(1), 3);
+        let mut fan_outs = FanOuts::default();
+        fan_outs.push(Uuid::nil(), Uuid::nil(), [("receipts", Copy::Taken)]);
         let mut snoozes = Snoozes::default();
         snoozes.push(Uuid::nil(), Uuid::nil(), Duration::from_secs(1));
         let selection = DeadSelection {
@@ -229,6 +235,10 @@ mod tests {
             ("publish one", parameters(ack::publish_one_query(nil, nil, OnPublish::Mark))),
             ("publish one delete", parameters(ack::publish_one_query(nil, nil, OnPublish::Delete))),
             ("fail", parameters(ack::fail_query(&failures))),
+            ("fan out", parameters(ack::fan_out_query(&fan_outs, OnPublish::Mark))),
+            ("fan out delete", parameters(ack::fan_out_query(&fan_outs, OnPublish::Delete))),
+            ("register subscribers", parameters(subscribers::register_query(&[], &[], &[]))),
+            ("behind", parameters(subscribers::behind_query("o", "1", false))),
             ("publish held", parameters(ack::publish_held_query(&["(0,1)"], OnPublish::Mark))),
             (
                 "publish held delete",

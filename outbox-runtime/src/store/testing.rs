@@ -103,6 +103,7 @@ pub(crate) struct DrainRow {
 pub(crate) struct Relayed {
     aggregate_types: Vec<String>,
     event_types: Vec<String>,
+    subscribers: Vec<String>,
     versions: Vec<i32>,
     every_type: bool,
     skip_dead_ordered: bool,
@@ -117,6 +118,7 @@ impl Relayed {
         Relayed {
             aggregate_types: types.aggregate_types.clone(),
             event_types: types.event_types.clone(),
+            subscribers: types.subscribers.clone(),
             versions: types.versions.clone(),
             every_type,
             skip_dead_ordered: plan.skip_dead_ordered,
@@ -137,7 +139,8 @@ pub(crate) async fn drain_reading(
 
 /// `$1` to `$3` the relay's types and the newest version it reads of each, `$4` whether it
 /// leases every other type too, `$5` whether dead ordered events are skipped, `$6` the horizon
-/// in microseconds, `$7` the drain's start.
+/// in microseconds, `$7` the drain's start, `$8` the subscriber of each type in `$1` to `$3`
+/// (empty for the events as emitted).
 ///
 /// A pending row is due when it is leased (being delivered, or its relay died and the lease
 /// will expire), or when the relay could lease it within the horizon: available by then, of a
@@ -160,9 +163,11 @@ pub(super) fn drain_query(
                                         WHERE p.aggregate_type = e.aggregate_type \
                                           AND p.event_type = e.event_type)) AS soon \
              FROM outbox.events e \
-             LEFT JOIN UNNEST($1::text[], $2::text[], $3::int4[]) AS t(aggregate_type, event_type, newest) \
+             LEFT JOIN UNNEST($1::text[], $2::text[], $8::text[], $3::int4[]) \
+                 AS t(aggregate_type, event_type, subscriber, newest) \
                  ON t.aggregate_type = e.aggregate_type AND t.event_type = e.event_type \
-             WHERE (t.event_type IS NOT NULL OR $4) \
+                    AND t.subscriber = e.subscriber \
+             WHERE (t.event_type IS NOT NULL OR $4 AND e.subscriber = '') \
                AND e.event_version <= coalesce(t.newest, 2147483647) \
                AND (e.published_at IS NULL AND e.dead_at IS NULL \
                     OR e.published_at >= $7 OR e.dead_at >= $7) \
@@ -174,7 +179,8 @@ pub(super) fn drain_query(
                     SELECT 1 FROM outbox.events p \
                     WHERE p.ordered AND p.published_at IS NULL \
                       AND p.aggregate_type = r.aggregate_type AND p.aggregate_id = r.aggregate_id \
-                      AND p.seq < r.seq AND (p.dead_at IS NULL OR NOT $5) \
+                      AND p.seq < r.seq AND p.subscriber IN ('', r.subscriber) \
+                      AND (p.dead_at IS NULL OR NOT $5) \
                       AND NOT EXISTS ( \
                           SELECT 1 FROM relayed q \
                           WHERE q.event_id = p.event_id AND q.pending AND q.soon) \
@@ -189,6 +195,7 @@ pub(super) fn drain_query(
     .bind(relayed.skip_dead_ordered)
     .bind(micros(horizon))
     .bind(since)
+    .bind(&relayed.subscribers)
 }
 
 #[cfg(test)]
