@@ -55,6 +55,7 @@ async fn lease<'e>(
         .bind(false)
         .bind(vec!["account"; n])
         .bind(types)
+        .bind(vec![""; n])
         .bind(vec![i32::MAX; n])
         .bind(at)
         .bind(seq)
@@ -66,7 +67,7 @@ async fn lease<'e>(
         .map(|row| Leased {
             event_type: row.get(3),
             seq: row.get(11),
-            position: (row.get(12), row.get(11)),
+            position: (row.get(15), row.get(11)),
         })
         .collect()
 }

@@ -56,8 +56,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             parameters: LEASE_PARAMETERS,
             first: format!("{lease_args}, {FROM_HEAD}"),
             measured: format!(
-                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}', \
-                 '{{}}'"
+                "{lease_args}, '{{order}}', '{{order.placed}}', '{{\"\"}}', '{{1}}', '{{-infinity}}', \
+                 '{{1}}', '{{}}'"
             ),
             touches: 100,
             local: None,
@@ -65,9 +65,9 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         Statement {
             name: "lease_any",
             sql: hooks::LEASE_ANY,
-            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
-            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
-            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{}}'"),
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], text[], int[], uuid[]",
+            first: format!("{lease_args}, {ANY_TYPES}, '{{}}'"),
+            measured: format!("{lease_args}, {ANY_TYPES}, '{{}}'"),
             touches: 100,
             local: None,
         },
@@ -86,8 +86,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             parameters: LEASE_PARAMETERS,
             first: format!("{lease_args}, {FROM_HEAD}"),
             measured: format!(
-                "{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}', '{{-infinity}}', '{{1}}', \
-                 '{{}}'"
+                "{lease_args}, '{{order}}', '{{order.placed}}', '{{\"\"}}', '{{1}}', '{{-infinity}}', \
+                 '{{1}}', '{{}}'"
             ),
             touches: 100,
             local: None,
@@ -113,10 +113,21 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         Statement {
             name: "hold_any",
             sql: hooks::HOLD_ANY,
-            parameters: "bigint, uuid, bigint, int, bool, text[], text[], int[]",
-            first: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
-            measured: format!("{lease_args}, '{{order}}', '{{order.placed}}', '{{1}}'"),
+            parameters: "bigint, uuid, bigint, int, bool, text[], text[], text[], int[]",
+            first: format!("{lease_args}, {ANY_TYPES}"),
+            measured: format!("{lease_args}, {ANY_TYPES}"),
             touches: 100,
+            local: None,
+        },
+        // The subscribers an ordered event waits for, on the application's pool (in an
+        // indexes-only transaction, as the relay runs it).
+        Statement {
+            name: "behind",
+            sql: hooks::BEHIND,
+            parameters: "text, text, bool",
+            first: "'order', '1', false".to_owned(),
+            measured: "'order', '1', false".to_owned(),
+            touches: 0,
             local: None,
         },
         Statement {
@@ -130,7 +141,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         },
     ];
     // The statements on held rows, measured below once the rows exist.
-    let on_held: [(&str, &str, &str); 13] = [
+    let on_held: [(&str, &str, &str); 15] = [
         ("publish", hooks::PUBLISH, "uuid[], uuid[]"),
         ("publish_delete", hooks::PUBLISH_DELETE, "uuid[], uuid[]"),
         ("release", hooks::RELEASE, "uuid[], uuid[]"),
@@ -138,6 +149,8 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
         ("still_leased", hooks::STILL_LEASED, "uuid[], uuid[]"),
         ("fail", hooks::FAIL, "uuid[], uuid[], jsonb"),
         ("snooze", hooks::SNOOZE, "uuid[], uuid[], jsonb"),
+        ("fan_out", hooks::FAN_OUT, "uuid[], uuid[], jsonb"),
+        ("fan_out_delete", hooks::FAN_OUT_DELETE, "uuid[], uuid[], jsonb"),
         ("publish_one", hooks::PUBLISH_ONE, "uuid, uuid"),
         ("publish_one_delete", hooks::PUBLISH_ONE_DELETE, "uuid, uuid"),
         ("held_publish", hooks::HELD_PUBLISH, "text[]"),
@@ -170,7 +183,7 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
             .unwrap();
         let first = match name {
             "renew" => format!("{nothing}, {zero}, 1"),
-            "fail" | "snooze" => no_failure.clone(),
+            "fail" | "snooze" | "fan_out" | "fan_out_delete" => no_failure.clone(),
             "held_fail" | "held_snooze" => format!("{nothing}, '{{}}'"),
             "held_publish" | "held_publish_delete" => "'{}'".to_owned(),
             "publish_one" | "publish_one_delete" => {
@@ -232,11 +245,23 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
     let delays: serde_json::Map<String, serde_json::Value> =
         held.iter().map(|id| (id.to_string(), serde_json::json!(1000))).collect();
     let delays = serde_json::Value::Object(delays).to_string();
+    // One subscriber took each event, another failed it and gets a copy.
+    let outcomes: serde_json::Map<String, serde_json::Value> = held
+        .iter()
+        .map(|id| {
+            let outcome = serde_json::json!({"receipts": null, "audit": ["boom", 1000, 1, false]});
+            (id.to_string(), outcome)
+        })
+        .collect();
+    let outcomes = serde_json::Value::Object(outcomes).to_string();
     for (name, sql, parameters) in on_held {
         let (measured, touches, local) = match name {
             "renew" => (format!("{ids}, {tokens}, 30000000"), HELD as i64, None),
             "fail" => (format!("{ids}, {tokens}, '{errors}'"), HELD as i64, None),
             "snooze" => (format!("{ids}, {tokens}, '{delays}'"), HELD as i64, None),
+            "fan_out" | "fan_out_delete" => {
+                (format!("{ids}, {tokens}, '{outcomes}'"), HELD as i64, None)
+            }
             "held_fail" => (format!("{ids}, '{errors}'"), HELD as i64, None),
             "held_snooze" => (format!("{ids}, '{delays}'"), HELD as i64, None),
             "held_publish" | "held_publish_delete" => (addresses.clone(), HELD as i64, None),
@@ -270,22 +295,25 @@ async fn every_relay_statement_stays_fast_on_a_backlog_with_the_statistics_of_an
 }
 
 /// The parameter types of the lease statement.
-const LEASE_PARAMETERS: &str =
-    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[], uuid[]";
+const LEASE_PARAMETERS: &str = "bigint, uuid, bigint, int, bool, text[], text[], text[], int[], \
+                                timestamptz[], int8[], uuid[]";
 
 /// The parameter types of the held-transaction lease: the lease's but the held rows.
 const HOLD_PARAMETERS: &str =
-    "bigint, uuid, bigint, int, bool, text[], text[], int[], timestamptz[], int8[]";
+    "bigint, uuid, bigint, int, bool, text[], text[], text[], int[], timestamptz[], int8[]";
 
 /// [`FROM_HEAD`] for the held-transaction lease, which takes no held rows.
-const HOLD_FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}'";
+const HOLD_FROM_HEAD: &str = "'{order}', '{order.placed}', '{\"\"}', '{1}', '{NULL}', '{NULL}'";
+
+/// The lease of every type's arguments after `$5`: `order.placed` up to version 1.
+const ANY_TYPES: &str = "'{order}', '{order.placed}', '{\"\"}', '{1}'";
 
 /// The lease's arguments after `$5`: `order.placed` from the head of its pending rows.
-const FROM_HEAD: &str = "'{order}', '{order.placed}', '{1}', '{NULL}', '{NULL}', '{}'";
+const FROM_HEAD: &str = "'{order}', '{order.placed}', '{\"\"}', '{1}', '{NULL}', '{NULL}', '{}'";
 
 /// The relay's default lease of up to 100 `order.placed` rows from the head.
 const LEASE: &str = "100, gen_random_uuid(), 30000000, 10, false, '{order}', '{order.placed}', \
-                     '{1}', '{NULL}', '{NULL}', '{}'";
+                     '{\"\"}', '{1}', '{NULL}', '{NULL}', '{}'";
 
 /// Shared buffers the lease statement with these arguments reads to find its rows (the
 /// `candidates` part, not the update), from `EXPLAIN (ANALYZE, BUFFERS)`.
@@ -385,8 +413,8 @@ async fn a_draining_relay_leases_past_the_rows_it_drained(pool: PgPool) {
     }
 
     let from_position = format!(
-        "100, gen_random_uuid(), 30000000, 10, false, '{{order}}', '{{order.placed}}', '{{1}}', \
-         '{{\"{at}\"}}', '{{{seq}}}', '{{}}'"
+        "100, gen_random_uuid(), 30000000, 10, false, '{{order}}', '{{order.placed}}', \
+         '{{\"\"}}', '{{1}}', '{{\"{at}\"}}', '{{{seq}}}', '{{}}'"
     );
     let past = lease_buffers(&pool, &from_position).await;
     let from_head = lease_buffers(&pool, LEASE).await;
@@ -435,18 +463,20 @@ async fn a_lease_over_many_types_locks_only_what_it_leases_on_the_plan_of_an_emp
     let list = |items: &[String]| format!("'{{{}}}'", items.join(","));
     let aggregates = list(&vec!["account".to_owned(); TYPES]);
     let versions = list(&vec!["1".to_owned(); TYPES]);
+    let emitted = list(&vec!["\"\"".to_owned(); TYPES]);
     let nulls = list(&vec!["NULL".to_owned(); TYPES]);
     let limit = 1_000;
     let args = format!("{limit}, gen_random_uuid(), 30000000, 10, false");
+    let names = list(&names);
     let lease =
-        format!("{args}, {aggregates}, {}, {versions}, {nulls}, {nulls}, '{{}}'", list(&names));
-    let lease_any = format!("{args}, {aggregates}, {}, {versions}, '{{}}'", list(&names));
+        format!("{args}, {aggregates}, {names}, {emitted}, {versions}, {nulls}, {nulls}, '{{}}'");
+    let lease_any = format!("{args}, {aggregates}, {names}, {emitted}, {versions}, '{{}}'");
     let statements = [
         ("lease", hooks::LEASE, LEASE_PARAMETERS, lease),
         (
             "lease_any",
             hooks::LEASE_ANY,
-            "bigint, uuid, bigint, int, bool, text[], text[], int[], uuid[]",
+            "bigint, uuid, bigint, int, bool, text[], text[], text[], int[], uuid[]",
             lease_any,
         ),
     ];

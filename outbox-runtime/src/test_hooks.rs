@@ -6,13 +6,14 @@
 pub const RELAY_SESSION: &str = crate::store::RELAY_SESSION;
 
 /// The relay's default lease statement. Parameters: `$1` limit, `$2` token, `$3` lease micros,
-/// `$4` most expired leases, `$5` skip dead ordered events, `$6` to `$8` handled aggregate
-/// types, event types and the newest version read of each, `$9`, `$10` the `(available_at, seq)`
-/// each type's scan starts after (NULL: from the head), `$11` the ids the relay holds.
+/// `$4` most expired leases, `$5` skip dead ordered events, `$6` to `$9` handled aggregate
+/// types, event types, subscribers (empty for the events as emitted) and the newest version read
+/// of each, `$10`, `$11` the `(available_at, seq)` each key's scan starts after (NULL: from the
+/// head), `$12` the ids the relay holds.
 pub const LEASE: &str = crate::store::LEASE_HANDLED;
 /// The lease of a relay that takes every event type (`UnknownEvents::Fail`), from the head:
-/// parameters as [`LEASE`] up to `$8`, which cap the versions of the types listed, then `$9` the
-/// ids the relay holds.
+/// parameters as [`LEASE`] up to `$9`, which cap the versions of the types listed, then `$10`
+/// the ids the relay holds.
 pub const LEASE_ANY: &str = crate::store::LEASE_ANY;
 /// `$1` ids, `$2` tokens.
 pub const PUBLISH: &str = crate::store::PUBLISH;
@@ -20,6 +21,16 @@ pub const PUBLISH: &str = crate::store::PUBLISH;
 pub const FAIL: &str = crate::store::FAIL;
 /// `$1` ids, `$2` tokens, `$3` `{"<id>": delay micros}`.
 pub const SNOOZE: &str = crate::store::SNOOZE;
+/// The acknowledgement of events delivered to subscribers: `$1` ids, `$2` tokens, `$3`
+/// `{"<id>": {"<subscriber>": null | [error, delay micros, attempts, dead]}}`.
+pub const FAN_OUT: &str = crate::store::FAN_OUT;
+/// [`FAN_OUT`] of a relay that deletes published rows.
+pub const FAN_OUT_DELETE: &str = crate::store::FAN_OUT_DELETE;
+/// The subscribers an ordered event waits for: `$1` aggregate type, `$2` aggregate id, `$3` skip
+/// dead events.
+pub const BEHIND: &str = crate::store::BEHIND;
+/// Registers subscribers: `$1` aggregate types, `$2` event types, `$3` names.
+pub const REGISTER_SUBSCRIBERS: &str = crate::store::REGISTER_SUBSCRIBERS;
 /// `$1` ids, `$2` tokens.
 pub const RELEASE: &str = crate::store::RELEASE;
 /// `$1` ids, `$2` tokens, `$3` lease micros.
@@ -32,7 +43,7 @@ pub const PUBLISH_ONE: &str = crate::store::PUBLISH_ONE;
 pub const PUBLISH_DELETE: &str = crate::store::PUBLISH_DELETE;
 /// [`PUBLISH_ONE`] of a relay that deletes published rows: `$1` id, `$2` token.
 pub const PUBLISH_ONE_DELETE: &str = crate::store::PUBLISH_ONE_DELETE;
-/// [`LEASE`] for a relay of one event type (`$6` to `$10` of one element each), which leases
+/// [`LEASE`] for a relay of one lease key (`$6` to `$11` of one element each), which leases
 /// with a single index scan: parameters as [`LEASE`].
 pub const LEASE_ONE: &str = crate::store::LEASE_ONE;
 /// The held-transaction lease (`LeaseMode::HeldTransaction`): parameters as [`LEASE`] but the

@@ -13,10 +13,10 @@ use uuid::Uuid;
 
 use crate::error::ErrorChain;
 use crate::relay::config::RelayConfig;
+use crate::relay::fan_out::Took;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::relay::fan_out::Took;
-use crate::store::{self, Copy, FanOuts, Failures, Snoozes};
+use crate::store::{self, Copy, Failures, FanOuts, Snoozes};
 
 /// How a delivery ended.
 #[derive(Debug)]

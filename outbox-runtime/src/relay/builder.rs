@@ -277,11 +277,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// let relay = Relay::builder(pool).handler_with(charge_card, slow_provider).build()?;
     /// # Ok(()) }
     /// ```
-    pub fn handler_with<M, H: Handler<M, S>>(
-        self,
-        handler: H,
-        options: HandlerOptions,
-    ) -> Self {
+    pub fn handler_with<M, H: Handler<M, S>>(self, handler: H, options: HandlerOptions) -> Self {
         self.register(None, handler, options)
     }
 
@@ -613,7 +609,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                     event_type: key.1,
                 };
                 let Some(name) = &handler.subscriber else {
-                    if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name)) {
+                    if let Some((_, first)) = handled.insert(key, (event_type, handler.event_name))
+                    {
                         if subscribers.contains_key(&key) {
                             return Err(both());
                         }
@@ -684,7 +681,12 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                     let oldest = of_type.iter().map(|s| s.newest).min().unwrap_or(1);
                     types.push(aggregate_type, name, "", newest(oldest));
                     for subscriber in of_type {
-                        types.push(aggregate_type, name, &subscriber.name, newest(subscriber.newest));
+                        types.push(
+                            aggregate_type,
+                            name,
+                            &subscriber.name,
+                            newest(subscriber.newest),
+                        );
                     }
                 }
             }
@@ -796,7 +798,8 @@ fn is_valid_name(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() <= 128
         && chars.next().is_some_and(|first| first.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
+        && chars
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
 }
 
 /// The JSON upcasters by the version they read, each checked to run for some handler: one per

@@ -92,8 +92,11 @@ impl<S: Clone + Send + Sync + 'static> Delivery<S> {
         let (event_id, event_type) = (row.delivered_event_id(), row.event_type.clone());
         let subscriber = (!row.subscriber.is_empty()).then(|| row.subscriber.clone());
         let started = std::time::Instant::now();
-        let delivery_lease =
-            DeliveryLease { pool: pool.clone(), lease: lease.clone(), on_publish: config.on_publish };
+        let delivery_lease = DeliveryLease {
+            pool: pool.clone(),
+            lease: lease.clone(),
+            on_publish: config.on_publish,
+        };
         let fan_out_lease = lease.clone();
         let handling = async {
             let route = match target {

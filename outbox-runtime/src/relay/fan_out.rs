@@ -88,7 +88,12 @@ impl FanOut<'_> {
         Outcome::FannedOut(took)
     }
 
-    async fn deliver_to<S>(&self, subscriber: &Subscribed<S>, state: S, config: &RelayConfig) -> Took {
+    async fn deliver_to<S>(
+        &self,
+        subscriber: &Subscribed<S>,
+        state: S,
+        config: &RelayConfig,
+    ) -> Took {
         let row = self.row;
         let meta = RowMeta {
             event_id: row.delivered_event_id(),

@@ -318,7 +318,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             None => self.routes.get(&key).or(self.fallback.as_ref()),
         };
         match routed {
-            Some(Routed { route, policy }) => Target::One { route: Some(route.clone()), policy: *policy },
+            Some(Routed { route, policy }) => {
+                Target::One { route: Some(route.clone()), policy: *policy }
+            }
             None => Target::One { route: None, policy: self.config.policy() },
         }
     }

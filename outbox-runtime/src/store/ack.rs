@@ -105,8 +105,9 @@ pub(crate) const PUBLISH_DELETE: &str = concat!(
 
 /// What a fanned-out event `f` (of the statement's `fanned` rows) leaves for its subscribers,
 /// given each one's outcome by event and subscriber (`$values`, as [`FAN_OUT`] takes them): a copy
-/// for every subscriber registered for its type or named there, but those that took it (JSON
-/// `null`). A copy is written once per event and subscriber.
+/// for each subscriber named there that did not take it (JSON `null`), with its outcome, and one
+/// due now for each other subscriber registered for its type (run by other relays). A copy is
+/// written once per event and subscriber.
 macro_rules! copies {
     ($values:literal) => {
         concat!(
@@ -115,23 +116,24 @@ macro_rules! copies {
                                         ordered, available_at, attempts, last_error, dead_at) \
              SELECT f.event_id, s.subscriber, f.aggregate_type, f.aggregate_id, f.event_type, \
                     f.event_version, f.payload, f.headers, f.created_at, f.ordered, \
-                    statement_timestamp() + coalesce((o.outcome ->> 1)::bigint, 0) \
+                    statement_timestamp() + coalesce((s.outcome ->> 1)::bigint, 0) \
                                             * interval '1 microsecond', \
-                    coalesce((o.outcome ->> 2)::int, 0), o.outcome ->> 0, \
-                    CASE WHEN (o.outcome ->> 3)::boolean THEN statement_timestamp() END \
+                    coalesce((s.outcome ->> 2)::int, 0), s.outcome ->> 0, \
+                    CASE WHEN (s.outcome ->> 3)::boolean THEN statement_timestamp() END \
              FROM fanned f \
              CROSS JOIN LATERAL ( \
-                 SELECT r.subscriber FROM outbox.subscribers r \
+                 SELECT o.key AS subscriber, o.value AS outcome \
+                 FROM jsonb_each(",
+            $values,
+            "::jsonb -> f.event_id::text) AS o \
+                 WHERE o.value <> 'null'::jsonb \
+                 UNION ALL \
+                 SELECT r.subscriber, NULL::jsonb FROM outbox.subscribers r \
                  WHERE r.aggregate_type = f.aggregate_type AND r.event_type = f.event_type \
-                 UNION \
-                 SELECT jsonb_object_keys(",
+                   AND NOT (",
             $values,
-            "::jsonb -> f.event_id::text) \
+            "::jsonb -> f.event_id::text) ? r.subscriber \
              ) s \
-             CROSS JOIN LATERAL (SELECT ",
-            $values,
-            "::jsonb -> f.event_id::text -> s.subscriber AS outcome) o \
-             WHERE o.outcome IS DISTINCT FROM 'null'::jsonb \
              ON CONFLICT (source_event_id, subscriber) WHERE source_event_id IS NOT NULL \
              DO NOTHING"
         )

@@ -40,7 +40,7 @@ pub(crate) mod testing;
 
 pub(crate) use ack::{
     fail, fail_held, fan_out, publish, publish_held, publish_in, release, renew, snooze,
-    snooze_held, still_leased, Copy, FanOuts, Failures, OnPublish, Snoozes,
+    snooze_held, still_leased, Copy, Failures, FanOuts, OnPublish, Snoozes,
 };
 #[cfg_attr(not(feature = "console"), allow(unused_imports))]
 pub(crate) use activity::{activity, ActivityRow};
@@ -60,10 +60,10 @@ pub(crate) use pauses::{pause, paused, resume};
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
 pub(crate) use replay::{count_published, replay};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
-pub(crate) use subscribers::{behind, register as register_subscribers};
 pub(crate) use sleepers::{
     backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
 };
+pub(crate) use subscribers::{behind, register as register_subscribers};
 
 /// The statements whose plans the tests check, by name.
 #[cfg(feature = "test-hooks")]
