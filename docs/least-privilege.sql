@@ -95,12 +95,23 @@ GRANT EXECUTE ON FUNCTION outbox.emit, outbox.uuid_v7() TO outbox_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.inbox TO outbox_app;
 
 -- The relay: read events, update their delivery bookkeeping, delete published (retention) and
--- dead (discard) ones. No INSERT: a relay whose transactional handlers emit follow-up events
--- also needs outbox_app's grants (`GRANT outbox_app TO outbox_relay`).
+-- dead (discard) ones. It inserts only subscribers' copies of events (the acknowledgement of an
+-- event with subscribers, `replay::replay_to`), never new events: a relay whose transactional
+-- handlers emit follow-up events also needs outbox_app's grants (`GRANT outbox_app TO
+-- outbox_relay`).
 GRANT SELECT, DELETE ON outbox.events TO outbox_relay;
 GRANT UPDATE (available_at, lease_token, attempts, expired_leases, last_error, dead_at,
                 published_at)
     ON outbox.events TO outbox_relay;
+GRANT INSERT (source_event_id, subscriber, aggregate_type, aggregate_id, event_type,
+              event_version, payload, headers, created_at, ordered, available_at, attempts,
+              last_error, dead_at)
+    ON outbox.events TO outbox_relay;
+-- (So the relay role can write rows that relays deliver, as copies: keep its credentials with the
+-- relays and the operators.)
+-- A relay registers the subscribers it runs when it starts; `subscribers::remove` (`outbox
+-- subscribers remove`) forgets one.
+GRANT SELECT, INSERT, DELETE ON outbox.subscribers TO outbox_relay;
 -- An idle relay registers itself as asleep (an upsert), and withdraws when it wakes.
 GRANT SELECT, INSERT, DELETE ON outbox.sleeping_relays TO outbox_relay;
 GRANT UPDATE (event_types, until) ON outbox.sleeping_relays TO outbox_relay;

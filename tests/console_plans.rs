@@ -19,7 +19,7 @@ const DEAD_ROWS: i64 = ROWS / 200;
 /// Index entries (or heap rows) a statement may read per row it must look at.
 const READS_PER_ROW: i64 = 4;
 
-const SELECTION: &str = "text, text, uuid, text, timestamptz, timestamptz";
+const SELECTION: &str = "text, text, uuid, text, timestamptz, timestamptz, text";
 
 /// Fills the outbox: dead rows dying over the last day (one in five with a timeout), pending
 /// rows, and published rows over the last two days, of two ordered types, ids in time order,
@@ -70,9 +70,9 @@ async fn every_operations_statement_stays_index_driven_on_a_million_rows_with_em
     .await
     .unwrap();
     let nil = Uuid::nil();
-    let nothing = "NULL, NULL, NULL, NULL, NULL, NULL";
+    let nothing = "NULL, NULL, NULL, NULL, NULL, NULL, NULL";
     // (name, SQL, parameter types, arguments on the empty outbox)
-    let prepared: [(&str, &str, String, String); 14] = [
+    let prepared: [(&str, &str, String, String); 17] = [
         (
             "dead_page",
             hooks::DEAD[0],
@@ -83,32 +83,32 @@ async fn every_operations_statement_stays_index_driven_on_a_million_rows_with_em
             "dead_one",
             hooks::DEAD[1],
             format!("{SELECTION}, uuid, bigint"),
-            format!("NULL, NULL, '{nil}', NULL, NULL, NULL, NULL, 50"),
+            format!("NULL, NULL, '{nil}', NULL, NULL, NULL, NULL, NULL, 50"),
         ),
         ("count_dead", hooks::COUNT_DEAD[0], SELECTION.into(), nothing.into()),
         (
             "count_dead_one",
             hooks::COUNT_DEAD[1],
             SELECTION.into(),
-            format!("NULL, NULL, '{nil}', NULL, NULL, NULL"),
+            format!("NULL, NULL, '{nil}', NULL, NULL, NULL, NULL"),
         ),
         (
             "requeue",
             hooks::REQUEUE[0],
             SELECTION.into(),
-            "NULL, NULL, NULL, 'no such error', NULL, NULL".into(),
+            "NULL, NULL, NULL, 'no such error', NULL, NULL, NULL".into(),
         ),
         (
             "requeue_one",
             hooks::REQUEUE[1],
             SELECTION.into(),
-            format!("NULL, NULL, '{nil}', NULL, NULL, NULL"),
+            format!("NULL, NULL, '{nil}', NULL, NULL, NULL, NULL"),
         ),
         (
             "discard",
             hooks::DISCARD[0],
             SELECTION.into(),
-            "NULL, NULL, NULL, 'no such error', NULL, NULL".into(),
+            "NULL, NULL, NULL, 'no such error', NULL, NULL, NULL".into(),
         ),
         ("event", hooks::EVENT, "uuid".into(), format!("'{nil}'")),
         (
@@ -137,6 +137,14 @@ async fn every_operations_statement_stays_index_driven_on_a_million_rows_with_em
             "text, text, timestamptz, timestamptz".into(),
             "'order', 'order.placed', now() - interval '1 hour', now()".into(),
         ),
+        (
+            "replay_to",
+            hooks::REPLAY_TO,
+            "text, text, timestamptz, timestamptz, text".into(),
+            "'order', 'order.placed', now() - interval '1 hour', now(), 'audit'".into(),
+        ),
+        ("subscribers", hooks::SUBSCRIBERS, String::new(), String::new()),
+        ("remove_subscriber", hooks::REMOVE_SUBSCRIBER, "text".into(), "'audit'".into()),
     ];
     let mut conn = pool.acquire().await.unwrap().detach();
     sqlx::raw_sql("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.unwrap();
@@ -184,10 +192,18 @@ async fn every_operations_statement_stays_index_driven_on_a_million_rows_with_em
     assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox.events").await, ROWS);
     assert!(timeouts_last_hour > 0 && dead_last_hour > timeouts_last_hour);
 
-    let recent_timeouts = "'order', NULL, NULL, 'TIMEOUT', now() - interval '1 hour', NULL";
-    let dead_one = format!("NULL, NULL, '{dead_id}', NULL, NULL, NULL");
+    let recent_timeouts = "'order', NULL, NULL, 'TIMEOUT', now() - interval '1 hour', NULL, NULL";
+    let dead_one = format!("NULL, NULL, '{dead_id}', NULL, NULL, NULL, NULL");
+    // Two subscribers registered (none has copies in this outbox).
+    sqlx::query(
+        "INSERT INTO outbox.subscribers (aggregate_type, event_type, subscriber) \
+         VALUES ('order', 'order.placed', 'audit'), ('order', 'order.placed', 'receipts')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     // (name, arguments, rows it returns or changes, rows it must look at)
-    let measured: [(&str, String, i64, i64); 15] = [
+    let measured: [(&str, String, i64, i64); 18] = [
         ("dead_page", format!("{nothing}, NULL, 50"), 50, DEAD_ROWS),
         (
             "dead_page",
@@ -218,6 +234,14 @@ async fn every_operations_statement_stays_index_driven_on_a_million_rows_with_em
             placed_last_hour,
             published_last_hour,
         ),
+        (
+            "replay_to",
+            "'order', 'order.placed', now() - interval '1 hour', now(), 'audit'".into(),
+            placed_last_hour,
+            published_last_hour,
+        ),
+        ("subscribers", String::new(), 2, DEAD_ROWS + 2),
+        ("remove_subscriber", "'audit'".into(), 1, DEAD_ROWS + 1),
     ];
     assert!(placed_last_hour > 0);
     let mut report = Vec::new();

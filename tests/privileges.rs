@@ -837,3 +837,56 @@ async fn the_owner_role_migrates_and_grants_without_superuser(pool: PgPool) {
     app.close().await;
     relay_pool.close().await;
 }
+
+/// Fails each event's first delivery.
+async fn flaky_subscriber(ctx: EventContext<Desk>, _: OrderPlaced) -> Result<(), Downstream> {
+    if ctx.delivery() == 1 {
+        return Err(Downstream("flaky"));
+    }
+    ctx.state().delivered.lock().unwrap().push(ctx.event_id());
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_relay_role_runs_subscribers_and_their_operations(pool: PgPool) {
+    let roles = setup(&pool, Migrator::Superuser).await;
+    let app = roles.pool_as(&pool, &roles.app).await;
+    let relay_pool = roles.pool_as(&pool, &roles.relay).await;
+    let mut tx = app.begin().await.unwrap();
+    let ids = emit_all(&mut tx, &[placed(1), placed(1)]).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // Registering, delivering at once, and copying for the subscriber that failed.
+    let desk = Desk::default();
+    let relay = Running::start(
+        fast(Relay::builder(relay_pool.clone()))
+            .state(desk.clone())
+            .subscriber("desk", on_placed)
+            .subscriber("flaky", flaky_subscriber),
+    );
+    eventually("both subscribers took both events", || async {
+        desk.delivered.lock().unwrap().len() == 4
+    })
+    .await;
+    eventually("nothing is pending", || async {
+        outbox_runtime::stats(&relay_pool).await.unwrap().pending == 0
+    })
+    .await;
+    let counts = relay.stop().await;
+    assert_eq!((counts.delivered, counts.failed), (4, 2));
+    let listed = outbox_runtime::subscribers::list(&relay_pool).await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|s| s.subscriber.as_str()).collect();
+    assert_eq!(names, ["desk", "flaky"]);
+
+    // A replay to one subscriber, then its removal, under the relay role.
+    let (from, until) = (chrono::Utc::now() - chrono::Duration::hours(1), chrono::Utc::now());
+    let replayed = replay::replay_to(&relay_pool, "flaky", "order", "order.placed", from, until);
+    assert_eq!(replayed.await.unwrap(), 2);
+    let removed = outbox_runtime::subscribers::remove(&relay_pool, "flaky").await.unwrap();
+    assert_eq!((removed.registrations, removed.pending, removed.dead), (1, 2, 0));
+    assert_eq!(outbox_runtime::stats(&relay_pool).await.unwrap().pending, 0);
+    let delivered = desk.delivered.lock().unwrap().clone();
+    assert!(ids.iter().all(|id| delivered.iter().filter(|d| *d == id).count() == 2));
+    app.close().await;
+    relay_pool.close().await;
+}

@@ -26,9 +26,12 @@ struct Posted {
     n: i64,
 }
 
-/// Every call of each subscriber: `(subscriber, event id, delivery)`, in call order.
+/// One call of a subscriber: `(subscriber, event id, delivery)`.
+type Call = (&'static str, Uuid, u32);
+
+/// Every call of each subscriber, in call order.
 #[derive(Clone, Default)]
-struct Calls(Arc<Mutex<Vec<(&'static str, Uuid, u32)>>>);
+struct Calls(Arc<Mutex<Vec<Call>>>);
 
 impl Calls {
     fn record<S>(&self, subscriber: &'static str, ctx: &EventContext<S>) {

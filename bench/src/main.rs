@@ -9,7 +9,7 @@
 //! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; and issue #24's inbox). Ratios are computed within each run, then their
+//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; and issue #24's inbox and subscribers). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -34,6 +34,7 @@ mod probe;
 mod purge;
 mod relay;
 mod scale;
+mod subscribers;
 mod types;
 mod wal_locks;
 
@@ -458,6 +459,26 @@ async fn main() {
             s.add("inbox sql duplicate msgs/s", sql.duplicates);
             s.add("inbox new vs sql", inbox.new / sql.new);
             s.add("inbox duplicate vs sql", inbox.duplicates / sql.duplicates);
+        }
+
+        // 10d. subscribers (issue #24): three subscribers of one type against one handler.
+        if args.runs("subscribers") {
+            let d = sizes.drain;
+            let one = relay::drain_one(&args.url, d).await;
+            let together = subscribers::drain(&args.url, d, 3, subscribers::Relays::One).await;
+            let apart = subscribers::drain(&args.url, d, 3, subscribers::Relays::Each).await;
+            s.add("subscribers one handler events/s", one);
+            s.add("subscribers 3 in 1 relay events/s", together);
+            s.add("subscribers 3 in 3 relays events/s", apart);
+            // Three relays of one take three drains of the backlog: 3 / one is their time per
+            // event, 1 / together the three subscribers'.
+            s.add("subscribers 3 in 1 vs 3 of one", 3.0 * together / one);
+            s.add("subscribers 3 in 3 vs 3 of one", 3.0 * apart / one);
+            let none = subscribers::emit(&args.url, 0, secs).await;
+            let three = subscribers::emit(&args.url, 3, secs).await;
+            s.add("subscribers emit none tx/s", none);
+            s.add("subscribers emit 3 tx/s", three);
+            s.add("subscribers emit 3 vs none", none / three);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.
@@ -1229,6 +1250,31 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("inbox sql duplicate msgs/s")
             ),
             String::new(),
+        ),
+        (
+            format!(
+                "subscribers: drain {d} to 3 subscribers, in 1 relay / in 3 relays of 1 each, vs \
+                 3 drains of one handler (defaults)"
+            ),
+            format!(
+                "{:.2}x / {:.2}x ({:.0} / {:.0} vs {:.0} events/s)",
+                m("subscribers 3 in 1 vs 3 of one"),
+                m("subscribers 3 in 3 vs 3 of one"),
+                m("subscribers 3 in 1 relay events/s"),
+                m("subscribers 3 in 3 relays events/s"),
+                m("subscribers one handler events/s")
+            ),
+            target(m("subscribers 3 in 1 vs 3 of one") >= 1.0, "≥ 1x"),
+        ),
+        (
+            "subscribers: emit overhead with 3 subscribers registered vs none (8 producers)".into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} tx/s)",
+                m("subscribers emit 3 vs none"),
+                m("subscribers emit 3 tx/s"),
+                m("subscribers emit none tx/s")
+            ),
+            target(m("subscribers emit 3 vs none") <= 1.05, "≤ 1.05x"),
         ),
         (
             format!(

@@ -318,3 +318,14 @@ pub async fn polled(
     let latencies = latencies(&committed, &arrived.lock().unwrap());
     (committed.len() as f64 / duration.as_secs_f64(), latencies)
 }
+
+/// Events/s of one relay with the defaults and one handler draining `events` in a database of
+/// its own: the reference of the subscribers' workload.
+pub async fn drain_one(url: &str, events: usize) -> f64 {
+    let db = crate::db::Database::fresh(url, "drain_one").await;
+    crate::db::backlog_with(&db.pool, events, crate::events::credited, crate::db::Stats::Vacuumed)
+        .await;
+    let drained = drain(&db.pool, events, Setup::defaults(1)).await;
+    db.drop().await;
+    drained.events_per_second
+}

@@ -56,7 +56,8 @@ pub enum Command {
     ///                    "since_heartbeat_secs": number, "silent": bool, "held": int,
     ///                    "delivered": int}],
     ///        "paused": [{"aggregate_type": str, "event_type": str, "paused_at": str,
-    ///                    "reason": str|null}]}
+    ///                    "reason": str|null}],
+    ///        "subscribers": [as in `outbox subscribers list --help`]}
     #[command(verbatim_doc_comment)]
     Status,
 
@@ -67,6 +68,10 @@ pub enum Command {
     /// Dead letters: events that exhausted their attempts
     #[command(subcommand)]
     Dead(DeadCommand),
+
+    /// Subscribers of event types: what each has pending and dead, and removing one for good
+    #[command(subcommand)]
+    Subscribers(SubscribersCommand),
 
     /// Stop every relay from leasing an event type's rows until it is resumed
     ///
@@ -379,6 +384,34 @@ pub enum DeadCommand {
     Count(Selector),
 }
 
+/// `outbox subscribers ...`.
+#[derive(Debug, Subcommand)]
+pub enum SubscribersCommand {
+    /// Every registered subscriber per event type, with its pending and dead copies
+    ///
+    /// A subscriber is registered when a relay that runs it starts. Its pending copies are the
+    /// events it still has to take: those it failed or snoozed, those waiting behind an earlier
+    /// event of their aggregate, and those other relays leased while none of its relays ran.
+    ///
+    /// JSON: {"subscribers": [{"subscriber": str, "aggregate_type": str, "event_type": str,
+    ///                         "registered_at": time, "pending": int,
+    ///                         "oldest_pending": time|null, "dead": int}]}
+    #[command(verbatim_doc_comment)]
+    List,
+
+    /// Forget a subscriber for good: its registrations and its pending and dead copies
+    ///
+    /// Remove its code from every relay first: a relay that still runs it registers it again
+    /// when it starts. Published copies stay as history, for `purge`.
+    ///
+    /// JSON: {"registrations": int, "pending": int, "dead": int}
+    Remove {
+        /// The subscriber's name
+        #[arg(value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+        name: String,
+    },
+}
+
 /// `outbox inbox ...`.
 #[derive(Debug, Subcommand)]
 pub enum InboxCommand {
@@ -452,6 +485,10 @@ pub struct ListArgs {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub older_than: Option<Duration>,
 
+    /// Only this subscriber's copies of events (dead for it alone)
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    pub subscriber: Option<String>,
+
     /// At most this many events
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
@@ -492,11 +529,16 @@ pub struct Selector {
     /// Every dead event that died more than this long ago, e.g. 7d
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub older_than: Option<Duration>,
+
+    /// Every dead copy of this subscriber (requeued, it goes to this subscriber alone)
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    pub subscriber: Option<String>,
 }
 
 /// The [`Selector`] arguments that narrow the dead events down, which an event id or `--all`
 /// cannot be combined with.
-const NARROWING: [&str; 5] = ["aggregate_type", "event_type", "error", "newer_than", "older_than"];
+const NARROWING: [&str; 6] =
+    ["aggregate_type", "event_type", "error", "newer_than", "older_than", "subscriber"];
 
 /// Arguments of `outbox pause`.
 #[derive(Debug, Args)]
@@ -524,6 +566,10 @@ pub struct ReplayArgs {
     /// And more than this long ago (default: up to now)
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub older_than: Option<Duration>,
+
+    /// Deliver them to this subscriber alone, not to every subscriber of the type
+    #[arg(long, value_name = "NAME")]
+    pub subscriber: Option<String>,
 
     /// Count them, replay nothing
     #[arg(long)]

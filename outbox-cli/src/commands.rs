@@ -9,10 +9,13 @@ use outbox_runtime::inbox::{self, dead_letters::DeadMessage};
 use outbox_runtime::pauses::{self, PausedType};
 use outbox_runtime::relays::RelayStatus;
 use outbox_runtime::replay;
+use outbox_runtime::subscribers::{self, SubscriberStatus};
 use outbox_runtime::{OutboxStats, TypeStats};
 use sqlx::PgPool;
 
-use crate::cli::{Command, DeadCommand, EventCommand, InboxCommand, ListArgs, Selector};
+use crate::cli::{
+    Command, DeadCommand, EventCommand, InboxCommand, ListArgs, Selector, SubscribersCommand,
+};
 use crate::error::Failure;
 
 /// Handled inbox records `outbox inbox purge` deletes per statement.
@@ -33,7 +36,13 @@ pub enum Report {
         relays: Vec<RelayStatus>,
         /// The paused types.
         paused: Vec<PausedType>,
+        /// The registered subscribers.
+        subscribers: Vec<SubscriberStatus>,
     },
+    /// `subscribers list`.
+    Subscribers(Vec<SubscriberStatus>),
+    /// `subscribers remove`: what it deleted.
+    SubscriberRemoved(subscribers::Removed),
     /// `pause`: whether the type was running.
     Paused(bool),
     /// `resume`: whether the type was paused.
@@ -109,7 +118,14 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let stats = OutboxStats::total(&by_type);
             let relays = outbox_runtime::relays::relays(pool).await?;
             let paused = pauses::paused(pool).await?;
-            Ok(Report::Status { stats, by_type, relays, paused })
+            let subscribers = subscribers::list(pool).await?;
+            Ok(Report::Status { stats, by_type, relays, paused, subscribers })
+        }
+        Command::Subscribers(SubscribersCommand::List) => {
+            Ok(Report::Subscribers(subscribers::list(pool).await?))
+        }
+        Command::Subscribers(SubscribersCommand::Remove { name }) => {
+            Ok(Report::SubscriberRemoved(subscribers::remove(pool, name).await?))
         }
         Command::Pause(args) => {
             let (aggregate_type, event_type) = &args.event_type;
@@ -120,10 +136,15 @@ pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
             let (aggregate_type, event_type) = &args.event_type;
             check_range(Some(args.newer_than), args.older_than)?;
             let (from, until) = (ago(args.newer_than), args.older_than.map_or_else(Utc::now, ago));
-            let count = if args.dry_run {
-                replay::count(pool, aggregate_type, event_type, from, until).await?
-            } else {
-                replay::replay(pool, aggregate_type, event_type, from, until).await?
+            let count = match (&args.subscriber, args.dry_run) {
+                (_, true) => replay::count(pool, aggregate_type, event_type, from, until).await?,
+                (None, false) => {
+                    replay::replay(pool, aggregate_type, event_type, from, until).await?
+                }
+                (Some(subscriber), false) => {
+                    let (a, e) = (aggregate_type, event_type);
+                    replay::replay_to(pool, subscriber, a, e, from, until).await?
+                }
             };
             Ok(Report::Replayed { count, dry_run: args.dry_run })
         }
@@ -189,6 +210,7 @@ async fn list(pool: &PgPool, args: &ListArgs) -> Result<Report, Failure> {
         error: &args.error,
         newer_than: args.newer_than,
         older_than: args.older_than,
+        subscriber: &args.subscriber,
     };
     let filter = narrowing.filter();
     let events = dead_letters::list(pool, &filter, args.after, args.limit).await?;
@@ -210,6 +232,7 @@ fn filter(selector: &Selector) -> Result<DeadFilter, Failure> {
         error: &selector.error,
         newer_than: selector.newer_than,
         older_than: selector.older_than,
+        subscriber: &selector.subscriber,
     };
     Ok(narrowing.filter())
 }
@@ -221,6 +244,7 @@ struct Narrowing<'a> {
     error: &'a Option<String>,
     newer_than: Option<Duration>,
     older_than: Option<Duration>,
+    subscriber: &'a Option<String>,
 }
 
 impl Narrowing<'_> {
@@ -240,6 +264,9 @@ impl Narrowing<'_> {
         }
         if let Some(age) = self.older_than {
             filter = filter.dead_before(ago(age));
+        }
+        if let Some(subscriber) = self.subscriber {
+            filter = filter.subscriber(subscriber);
         }
         filter
     }

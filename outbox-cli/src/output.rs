@@ -8,6 +8,7 @@ use outbox_runtime::events::{EventRecord, EventState};
 use outbox_runtime::inbox::dead_letters::DeadMessage;
 use outbox_runtime::pauses::PausedType;
 use outbox_runtime::relays::RelayStatus;
+use outbox_runtime::subscribers::SubscriberStatus;
 use outbox_runtime::{OutboxStats, TypeStats};
 use serde_json::{json, Value};
 use sqlx::types::chrono::{DateTime, Utc};
@@ -21,14 +22,17 @@ const ERROR_WIDTH: usize = 60;
 pub fn json(report: &Report) -> Value {
     match report {
         Report::Migrated => json!({ "migrated": true }),
-        Report::Status { stats, by_type, relays, paused } => json!({
+        Report::Status { stats, by_type, relays, paused, subscribers } => json!({
             "pending": stats.pending,
             "dead": stats.dead,
             "oldest_pending_age_secs": stats.oldest_pending_age.map(|age| age.as_secs_f64()),
             "by_type": by_type,
             "relays": relays,
             "paused": paused,
+            "subscribers": subscribers,
         }),
+        Report::Subscribers(subscribers) => json!({ "subscribers": subscribers }),
+        Report::SubscriberRemoved(removed) => json!(removed),
         Report::Paused(newly) => json!({ "paused": newly }),
         Report::Resumed(was_paused) => json!({ "resumed": was_paused }),
         Report::Replayed { count, dry_run: false } => json!({ "replayed": count }),
@@ -72,7 +76,24 @@ fn state(state: EventState) -> &'static str {
 pub fn human(report: &Report) -> String {
     match report {
         Report::Migrated => "the outbox schema is up to date\n".into(),
-        Report::Status { stats, by_type, relays, paused } => status(stats, by_type, relays, paused),
+        Report::Status { stats, by_type, relays, paused, subscribers } => {
+            let mut text = status(stats, by_type, relays, paused);
+            if !subscribers.is_empty() {
+                text.push('\n');
+                text.push_str(&subscriber_table(subscribers));
+            }
+            text
+        }
+        Report::Subscribers(subscribers) if subscribers.is_empty() => {
+            "no subscribers registered\n".into()
+        }
+        Report::Subscribers(subscribers) => subscriber_table(subscribers),
+        Report::SubscriberRemoved(removed) => format!(
+            "removed {} and the subscriber's copies of events: {} pending, {} dead\n",
+            plural(removed.registrations, "registration"),
+            removed.pending,
+            removed.dead,
+        ),
         Report::Paused(true) => {
             "paused: relays lease none of its events until it is resumed\n".into()
         }
@@ -164,6 +185,23 @@ fn status(
     text
 }
 
+fn subscriber_table(subscribers: &[SubscriberStatus]) -> String {
+    let headers = ["SUBSCRIBER", "AGGREGATE TYPE", "EVENT TYPE", "PENDING", "DEAD", "LAG"];
+    let mut table = Table::new(&headers, &[false, false, false, true, true, true]);
+    for s in subscribers {
+        let age = s.oldest_pending.map(|at| (Utc::now() - at).to_std().unwrap_or_default());
+        table.row([
+            s.subscriber.clone(),
+            s.aggregate_type.clone(),
+            s.event_type.clone(),
+            s.pending.to_string(),
+            s.dead.to_string(),
+            lag(age),
+        ]);
+    }
+    table.render()
+}
+
 fn relay_table(relays: &[RelayStatus]) -> String {
     let headers =
         ["RELAY", "HOST", "PID", "VERSION", "MODE", "HELD", "DELIVERED", "HEARTBEAT", "TYPES"];
@@ -205,6 +243,7 @@ fn inbox_dead(count: i64, messages: &[DeadMessage]) -> String {
         attempts: message.attempts,
         dead_at: &message.dead_at,
         last_error: message.last_error.as_deref(),
+        subscriber: None,
     }));
     let shown = messages.len() as i64;
     if count > shown {
@@ -225,6 +264,7 @@ fn dead_list(events: &[DeadEvent], next_after: Option<uuid::Uuid>) -> String {
         attempts: event.attempts,
         dead_at: &event.dead_at,
         last_error: event.last_error.as_deref(),
+        subscriber: event.subscriber.as_deref(),
     }));
     if let Some(after) = next_after {
         text.push_str(&format!("more may follow: add --after {after}\n"));
@@ -241,29 +281,36 @@ struct DeadRow<'a> {
     attempts: u32,
     dead_at: &'a DateTime<Utc>,
     last_error: Option<&'a str>,
+    /// A subscriber's copy's subscriber.
+    subscriber: Option<&'a str>,
 }
 
+/// The dead letters as a table; with a SUBSCRIBER column when a subscriber's copy is among them.
 fn dead_table<'a>(rows: impl Iterator<Item = DeadRow<'a>>) -> String {
-    let headers = [
-        "EVENT ID",
-        "AGGREGATE TYPE",
-        "AGGREGATE ID",
-        "EVENT TYPE",
-        "ATTEMPTS",
-        "DEAD AT",
-        "LAST ERROR",
-    ];
-    let mut table = Table::new(&headers, &[false, false, false, false, true]);
+    let rows: Vec<DeadRow> = rows.collect();
+    let copies = rows.iter().any(|row| row.subscriber.is_some());
+    let mut headers = vec!["EVENT ID", "AGGREGATE TYPE", "AGGREGATE ID", "EVENT TYPE"];
+    headers.extend(copies.then_some("SUBSCRIBER"));
+    headers.extend(["ATTEMPTS", "DEAD AT", "LAST ERROR"]);
+    let mut numeric = vec![false; headers.len() - 3];
+    numeric.push(true);
+    let mut table = Table::new(&headers, &numeric);
     for row in rows {
-        table.row([
+        let mut cells = vec![
             row.event_id.to_string(),
             row.aggregate_type.to_owned(),
             row.aggregate_id.to_owned(),
             row.event_type.to_owned(),
+        ];
+        if copies {
+            cells.push(row.subscriber.unwrap_or("-").to_owned());
+        }
+        cells.extend([
             row.attempts.to_string(),
             timestamp(row.dead_at),
             truncate(row.last_error.unwrap_or("-"), ERROR_WIDTH),
         ]);
+        table.row(cells);
     }
     table.render()
 }
@@ -279,6 +326,10 @@ fn dead_show(event: &DeadEvent) -> String {
     fields.row(["expired leases".into(), event.expired_leases.to_string()]);
     fields.row(["created at".into(), timestamp(&event.created_at)]);
     fields.row(["dead at".into(), timestamp(&event.dead_at)]);
+    if let (Some(subscriber), Some(copy_of)) = (&event.subscriber, event.copy_of) {
+        fields.row(["subscriber".into(), subscriber.clone()]);
+        fields.row(["copy of event".into(), copy_of.to_string()]);
+    }
     let mut text = fields.render();
     text.push_str(&sections(&event.last_error, &event.headers, &event.payload));
     text
@@ -398,7 +449,7 @@ impl Table {
 
     /// Adds a row; control characters (newlines, tabs) become spaces so they cannot break the
     /// layout.
-    fn row<const N: usize>(&mut self, cells: [String; N]) {
+    fn row(&mut self, cells: impl IntoIterator<Item = String>) {
         let clean = |cell: String| cell.replace(|c: char| c.is_control(), " ");
         self.rows.push(cells.into_iter().map(clean).collect());
     }

@@ -26,7 +26,7 @@ CREATE INDEX events_pending_by_type
 -- The subscribers relays run, by event type: a relay registers its own before it leases, and
 -- the acknowledgement of an event writes a copy for each registered subscriber that did not take
 -- it. A subscriber stays registered when its code is removed (its copies wait for it); `outbox
--- subscribers drop` removes it with its copies.
+-- subscribers remove` removes it with its copies.
 CREATE TABLE outbox.subscribers (
     aggregate_type text        NOT NULL,
     event_type     text        NOT NULL,

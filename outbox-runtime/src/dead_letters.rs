@@ -58,6 +58,11 @@ pub struct DeadEvent {
     pub expired_leases: u32,
     /// The last failure's text (`rejected by its handler: ...` for a rejection).
     pub last_error: Option<String>,
+    /// For a subscriber's copy of an event, the subscriber: the event is dead for it alone
+    /// (`None` for the event as emitted). Requeuing the copy delivers it to that subscriber.
+    pub subscriber: Option<String>,
+    /// For a subscriber's copy, the id of the event it copies: the id its handler sees.
+    pub copy_of: Option<Uuid>,
 }
 
 impl From<DeadRow> for DeadEvent {
@@ -76,6 +81,8 @@ impl From<DeadRow> for DeadEvent {
             attempts: u32::try_from(row.attempts).unwrap_or(0),
             expired_leases: u32::try_from(row.expired_leases).unwrap_or(0),
             last_error: row.last_error,
+            subscriber: (!row.subscriber.is_empty()).then_some(row.subscriber),
+            copy_of: row.source_event_id,
         }
     }
 }
@@ -90,6 +97,7 @@ pub struct DeadFilter {
     error_contains: Option<String>,
     dead_after: Option<DateTime<Utc>>,
     dead_before: Option<DateTime<Utc>>,
+    subscriber: Option<String>,
 }
 
 impl DeadFilter {
@@ -102,6 +110,7 @@ impl DeadFilter {
             error_contains: None,
             dead_after: None,
             dead_before: None,
+            subscriber: None,
         }
     }
 
@@ -140,6 +149,12 @@ impl DeadFilter {
         self
     }
 
+    /// Only the copies of this subscriber (see [`DeadEvent::subscriber`]).
+    pub fn subscriber(mut self, subscriber: impl Into<String>) -> Self {
+        self.subscriber = Some(subscriber.into());
+        self
+    }
+
     fn selection(&self) -> DeadSelection<'_> {
         DeadSelection {
             aggregate_type: self.aggregate_type.as_deref(),
@@ -148,6 +163,7 @@ impl DeadFilter {
             error_contains: self.error_contains.as_deref(),
             dead_after: self.dead_after,
             dead_before: self.dead_before,
+            subscriber: self.subscriber.as_deref(),
         }
     }
 }

@@ -46,6 +46,39 @@
 //! another service forwarded exactly once (the [`inbox`]), ordering, transactional handlers,
 //! event versions, operations and the CLI.
 //!
+//! # Subscribers
+//!
+//! One event, several independent side effects: register each as a named subscriber
+//! ([`RelayBuilder::subscriber`]) instead of one handler. Each gets every event of its type once,
+//! with its own attempts, backoff, dead letters and per-aggregate order: a subscriber that fails
+//! is retried alone, and neither holds back nor repeats the others.
+//!
+//! ```no_run
+//! # use outbox_runtime::{EventContext, OutboxEvent, Relay};
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Serialize, Deserialize, OutboxEvent)]
+//! # #[outbox(aggregate = "order", event_type = "order.placed")]
+//! # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+//! # async fn send_receipt(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+//! # async fn index_order(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+//! # fn build(pool: outbox_runtime::sqlx::PgPool) -> Result<(), outbox_runtime::BuildError> {
+//! let relay = Relay::builder(pool)
+//!     .subscriber("receipts", send_receipt)
+//!     .subscriber("search-index", index_order)
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
+//! How: emitting is unchanged (nothing is written per subscriber). The relay that leases an
+//! event calls its subscribers at once; the statement that acknowledges the event writes a
+//! **copy** of it (a row with `subscriber` set) for each subscriber that still needs it: one that
+//! failed or snoozed, one behind on the event's aggregate, one whose handler writes in the
+//! acknowledgement's transaction, and one that other relays run. Relays lease, retry and kill
+//! copies as any other row, so a dead copy is a dead letter for its subscriber alone
+//! ([`dead_letters::DeadEvent::subscriber`]). A subscriber added later starts with the events
+//! acknowledged after its relay first started; [`replay::replay_to`] gives it older ones, as long
+//! as they are kept ([`RelayBuilder::retention`]). [`subscribers`] lists them and removes one.
+//!
 //! # Words
 //!
 //! The API, the CLI, the metrics and these docs use each word in one sense:
@@ -64,6 +97,8 @@
 //!   while a broker or the database is unavailable, or [snoozed](Snooze)).
 //! - **Dead**: out of attempts or expired leases, or [rejected](Reject) by its handler; kept as a
 //!   [dead letter](dead_letters) until requeued or discarded.
+//! - **Subscriber**: one of several named handlers of an event type; its **copy** of an event is
+//!   the row that carries the event to it alone (see [Subscribers](#subscribers)).
 //!
 //! # Cargo features
 #![doc = document_features::document_features!()]
@@ -124,6 +159,7 @@ mod retention;
 mod serialize;
 mod stats;
 mod store;
+pub mod subscribers;
 #[cfg(feature = "testing")]
 pub mod testing;
 

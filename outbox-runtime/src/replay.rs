@@ -9,6 +9,13 @@
 //! Only rows still in the table can be replayed: retention, `purge_published` and
 //! `delete_on_publish` remove them.
 //!
+//! **Subscribers**: [`replay`] delivers an event to every subscriber of its type again;
+//! [`replay_to`] to one subscriber alone: one that had a bug, or one added later that should
+//! start from a point in the past (keep published events at least that long: see
+//! [`retention`]).
+//!
+//! [`retention`]: crate::RelayBuilder::retention
+//!
 //! ```no_run
 //! # use outbox_runtime::sqlx;
 //! use chrono::{Duration, Utc};
@@ -41,7 +48,8 @@ pub async fn count(
 }
 
 /// Makes the events of `(aggregate_type, event_type)` published in `[from, until)` pending
-/// again and wakes the relays; returns how many.
+/// again and wakes the relays; returns how many. (Subscribers' copies are not counted: an event
+/// replayed goes to each subscriber of its type again.)
 pub async fn replay(
     pool: &PgPool,
     aggregate_type: &str,
@@ -50,4 +58,31 @@ pub async fn replay(
     until: DateTime<Utc>,
 ) -> Result<u64, Error> {
     Ok(store::replay(pool, aggregate_type, event_type, from, until).await?)
+}
+
+/// Delivers the events of `(aggregate_type, event_type)` published in `[from, until)` once more
+/// to the subscriber `subscriber` alone (a new copy of each, due now; a copy it has pending or
+/// dead is left as it is) and wakes the relays; returns how many. The subscriber's relays take
+/// them once it is registered, which it is when one of them runs.
+///
+/// ```no_run
+/// # use outbox_runtime::sqlx;
+/// use chrono::{Duration, Utc};
+/// # async fn ops(pool: sqlx::PgPool) -> Result<(), outbox_runtime::Error> {
+/// // The search index is new: give it the last week of orders.
+/// let week_ago = Utc::now() - Duration::days(7);
+/// let (order, placed) = ("order", "order.placed");
+/// outbox_runtime::replay::replay_to(&pool, "search-index", order, placed, week_ago, Utc::now())
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub async fn replay_to(
+    pool: &PgPool,
+    subscriber: &str,
+    aggregate_type: &str,
+    event_type: &str,
+    from: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<u64, Error> {
+    Ok(store::replay_to(pool, subscriber, aggregate_type, event_type, from, until).await?)
 }

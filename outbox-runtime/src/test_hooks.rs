@@ -106,6 +106,12 @@ pub const ACTIVITY: &str = crate::store::ACTIVITY;
 pub const COUNT_PUBLISHED: &str = crate::store::COUNT_PUBLISHED;
 /// Replays them: `$1..$4` as [`COUNT_PUBLISHED`].
 pub const REPLAY: &str = crate::store::REPLAY;
+/// Replays them to one subscriber: `$1..$4` as [`COUNT_PUBLISHED`], `$5` the subscriber.
+pub const REPLAY_TO: &str = crate::store::REPLAY_TO;
+/// The registered subscribers with their pending and dead copies.
+pub const SUBSCRIBERS: &str = crate::store::SUBSCRIBERS;
+/// Removes a subscriber: `$1` its name.
+pub const REMOVE_SUBSCRIBER: &str = crate::store::REMOVE_SUBSCRIBER;
 
 /// The relays' shared reading for their gauges, at most `max_age` old: `None` while another
 /// caller takes it.

@@ -288,7 +288,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// same type.
     ///
     /// `name` names the subscriber's state in the outbox: keep it when the code changes, and
-    /// drop it (`outbox subscribers drop`) when the subscriber is removed for good. Names use
+    /// remove it ([`subscribers::remove`](crate::subscribers::remove), `outbox subscribers remove`) when the subscriber is removed for good. Names use
     /// the grammar of event types: lowercase letters, digits, `_`, `.` and `-`, starting with a
     /// letter.
     ///

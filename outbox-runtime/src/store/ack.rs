@@ -106,8 +106,9 @@ pub(crate) const PUBLISH_DELETE: &str = concat!(
 /// What a fanned-out event `f` (of the statement's `fanned` rows) leaves for its subscribers,
 /// given each one's outcome by event and subscriber (`$values`, as [`FAN_OUT`] takes them): a copy
 /// for each subscriber named there that did not take it (JSON `null`), with its outcome, and one
-/// due now for each other subscriber registered for its type (run by other relays). A copy is
-/// written once per event and subscriber.
+/// due now for each other subscriber registered for its type (run by other relays). One copy per
+/// event and subscriber: a replayed event re-arms its published copies as new deliveries, and
+/// leaves a pending or dead copy as it is.
 macro_rules! copies {
     ($values:literal) => {
         concat!(
@@ -135,7 +136,11 @@ macro_rules! copies {
             "::jsonb -> f.event_id::text) ? r.subscriber \
              ) s \
              ON CONFLICT (source_event_id, subscriber) WHERE source_event_id IS NOT NULL \
-             DO NOTHING"
+             DO UPDATE SET published_at = NULL, lease_token = NULL, \
+                 available_at = EXCLUDED.available_at, attempts = EXCLUDED.attempts, \
+                 expired_leases = 0, last_error = EXCLUDED.last_error, \
+                 dead_at = EXCLUDED.dead_at \
+             WHERE outbox.events.published_at IS NOT NULL"
         )
     };
 }

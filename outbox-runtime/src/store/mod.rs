@@ -58,12 +58,15 @@ pub(crate) use ops::{
 };
 pub(crate) use pauses::{pause, paused, resume};
 pub(crate) use relays::{forget_silent, heartbeat, relays, withdraw, RelayEntry, RelayRow};
-pub(crate) use replay::{count_published, replay};
+pub(crate) use replay::{count_published, replay, replay_to};
 pub(crate) use schema::{applied_migrations, create_schema, find_schema, History};
 pub(crate) use sleepers::{
     backend_pid, inserting_transactions, notify_relays, register_sleeper, unregister_sleeper,
 };
-pub(crate) use subscribers::{behind, register as register_subscribers};
+pub(crate) use subscribers::{
+    behind, list as subscribers, register as register_subscribers, remove as remove_subscriber,
+    SubscriberRow,
+};
 
 /// The statements whose plans the tests check, by name.
 #[cfg(feature = "test-hooks")]
@@ -80,7 +83,9 @@ pub(crate) use {
     },
     lease::{HOLD_ANY, HOLD_HANDLED, HOLD_ONE, LEASE_ANY, LEASE_HANDLED, LEASE_ONE},
     ops::PURGE_PUBLISHED,
-    subscribers::{BEHIND, REGISTER as REGISTER_SUBSCRIBERS},
+    subscribers::{
+        BEHIND, LIST as SUBSCRIBERS, REGISTER as REGISTER_SUBSCRIBERS, REMOVE as REMOVE_SUBSCRIBER,
+    },
 };
 /// The operations' statements (`outbox status`, dead letters, event lookup, the console's charts),
 /// whose plans the tests check too.
@@ -89,7 +94,7 @@ pub(crate) use {
     activity::ACTIVITY,
     lookup::{AGGREGATE_ALL, AGGREGATE_UNDELIVERED, EVENT},
     ops::{COUNT_DEAD, DEAD, DISCARD, REQUEUE, STATS},
-    replay::{COUNT_PUBLISHED, REPLAY},
+    replay::{COUNT_PUBLISHED, REPLAY, REPLAY_TO},
 };
 
 /// A statement with its parameters bound.
@@ -186,6 +191,7 @@ mod tests {
             error_contains: None,
             dead_after: None,
             dead_before: None,
+            subscriber: None,
         };
         let one = DeadSelection { event_id: Some(Uuid::nil()), ..selection };
         let mut rows = NewEvents::default();
@@ -239,6 +245,8 @@ mod tests {
             ("fan out delete", parameters(ack::fan_out_query(&fan_outs, OnPublish::Delete))),
             ("register subscribers", parameters(subscribers::register_query(&[], &[], &[]))),
             ("behind", parameters(subscribers::behind_query("o", "1", false))),
+            ("subscribers", parameters(subscribers::list_query())),
+            ("remove subscriber", parameters(subscribers::remove_query("s"))),
             ("publish held", parameters(ack::publish_held_query(&["(0,1)"], OnPublish::Mark))),
             (
                 "publish held delete",
@@ -295,6 +303,7 @@ mod tests {
             ),
             ("count published", parameters(replay::count_query("o", "o.p", at, at))),
             ("replay", parameters(replay::replay_query("o", "o.p", at, at))),
+            ("replay to", parameters(replay::replay_to_query("s", "o", "o.p", at, at))),
             ("forget silent", parameters(relays::forget_silent_query(Duration::ZERO))),
             ("withdraw", parameters(relays::withdraw_query(Uuid::nil()))),
             ("relays", parameters(relays::relays_query())),

@@ -23,6 +23,8 @@ pub(crate) struct DeadRow {
     pub(crate) attempts: i32,
     pub(crate) expired_leases: i32,
     pub(crate) last_error: Option<String>,
+    pub(crate) subscriber: String,
+    pub(crate) source_event_id: Option<Uuid>,
 }
 
 /// Per `(aggregate_type, event_type, event_version)`: `pending`, `dead`, and the oldest pending
@@ -157,9 +159,11 @@ pub(crate) struct DeadSelection<'a> {
     pub(crate) dead_after: Option<DateTime<Utc>>,
     /// Dead before this instant.
     pub(crate) dead_before: Option<DateTime<Utc>>,
+    /// A subscriber's copies only (empty: the events as emitted only).
+    pub(crate) subscriber: Option<&'a str>,
 }
 
-/// The dead rows matching `$1..$6` (see [`DeadSelection`]), in two forms so that every plan is
+/// The dead rows matching `$1..$7` (see [`DeadSelection`]), in two forms so that every plan is
 /// index-driven whatever the statistics and the parameters: one event by its id (`one`, the
 /// primary key), or a range of `dead_at` (`range`, the `events_dead` index, all of it when no
 /// bound is given); the other fields filter what the index finds.
@@ -185,7 +189,8 @@ macro_rules! dead_rows {
     (filters) => {
         "($1::text IS NULL OR aggregate_type = $1) \
          AND ($2::text IS NULL OR event_type = $2) \
-         AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0)"
+         AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
+         AND ($7::text IS NULL OR subscriber = $7)"
     };
 }
 
@@ -207,7 +212,7 @@ impl DeadSelection<'_> {
     }
 }
 
-/// Binds a [`DeadSelection`] as `$1..$6`, for [`dead_rows!`].
+/// Binds a [`DeadSelection`] as `$1..$7`, for [`dead_rows!`].
 macro_rules! bind_selection {
     ($query:expr, $selection:expr) => {
         $query
@@ -217,6 +222,7 @@ macro_rules! bind_selection {
             .bind($selection.error_contains)
             .bind($selection.dead_after)
             .bind($selection.dead_before)
+            .bind($selection.subscriber)
     };
 }
 
@@ -230,17 +236,18 @@ pub(crate) async fn dead(
     Ok(on_indexes!(pool, fetch_all, dead_query(selection, after, limit)))
 }
 
-/// One page of dead rows (`$7`: after this id, `$8`: how many). The ids of the matching rows
+/// One page of dead rows (`$8`: after this id, `$9`: how many). The ids of the matching rows
 /// are read first, on the index of their form, and sorted; then the page's rows by the primary
 /// key. (A walk of the primary key in id order would read the whole history to find a few dead
 /// rows; reading whole matching rows would carry every payload into the sort.)
 pub(crate) const DEAD: [&str; 2] = on_dead_rows!(
     "WITH matching AS MATERIALIZED (SELECT event_id FROM outbox.events WHERE ",
-    " AND ($7::uuid IS NULL OR event_id > $7)) \
+    " AND ($8::uuid IS NULL OR event_id > $8)) \
      SELECT event_id, aggregate_type, aggregate_id, event_type, event_version, payload, \
-            headers, created_at, dead_at, attempts, expired_leases, last_error \
+            headers, created_at, dead_at, attempts, expired_leases, last_error, subscriber, \
+            source_event_id \
      FROM outbox.events \
-     WHERE event_id = ANY (ARRAY(SELECT event_id FROM matching ORDER BY event_id LIMIT $8)) \
+     WHERE event_id = ANY (ARRAY(SELECT event_id FROM matching ORDER BY event_id LIMIT $9)) \
      ORDER BY event_id"
 );
 

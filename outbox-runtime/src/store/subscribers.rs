@@ -56,3 +56,92 @@ pub(super) fn behind_query<'q>(
 ) -> Scalar<'q, String> {
     sqlx::query_scalar(BEHIND).bind(aggregate_type).bind(aggregate_id).bind(skip_dead)
 }
+
+/// Where a registration `s`'s pending copies `r` lie: its range of the pending index. The
+/// comparison on the index's next columns gives that index the most conditions, so no plan made
+/// on an empty outbox prefers another index on the aggregate type (`events_by_aggregate`), which
+/// would read the type's whole history.
+macro_rules! pending_copies {
+    () => {
+        "r.aggregate_type = s.aggregate_type AND r.event_type = s.event_type \
+         AND r.subscriber = s.subscriber AND (r.available_at, r.seq) > ('-infinity', 0) \
+         AND r.published_at IS NULL AND r.dead_at IS NULL"
+    };
+}
+
+/// Each registered subscriber with its pending copies (how many, the oldest event's
+/// `created_at`) and dead ones: the pending ones on the pending index (per registration, its
+/// range), the dead ones in one pass over the dead index (a range of `dead_at`, for the same
+/// reason as [`pending_copies!`]; grouped by the subscriber first, an order no index on the
+/// aggregate type could hand over presorted).
+pub(crate) const LIST: &str = concat!(
+    "WITH dead AS MATERIALIZED ( \
+         SELECT aggregate_type, event_type, subscriber, count(*) AS dead FROM outbox.events \
+         WHERE dead_at >= '-infinity' AND subscriber <> '' \
+         GROUP BY subscriber, aggregate_type, event_type) \
+     SELECT s.aggregate_type, s.event_type, s.subscriber, s.registered_at, \
+            p.pending, p.oldest_pending, coalesce(d.dead, 0) AS dead \
+     FROM outbox.subscribers s \
+     CROSS JOIN LATERAL ( \
+         SELECT count(*) AS pending, min(r.created_at) AS oldest_pending FROM outbox.events r \
+         WHERE ",
+    pending_copies!(),
+    ") p \
+     LEFT JOIN dead d ON d.aggregate_type = s.aggregate_type AND d.event_type = s.event_type \
+                     AND d.subscriber = s.subscriber \
+     ORDER BY s.subscriber, s.aggregate_type, s.event_type"
+);
+
+/// A registered subscriber, as [`LIST`] reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct SubscriberRow {
+    pub(crate) aggregate_type: String,
+    pub(crate) event_type: String,
+    pub(crate) subscriber: String,
+    pub(crate) registered_at: chrono::DateTime<chrono::Utc>,
+    pub(crate) pending: i64,
+    pub(crate) oldest_pending: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) dead: i64,
+}
+
+/// Every registered subscriber (see [`LIST`]).
+pub(crate) async fn list(pool: &PgPool) -> Result<Vec<SubscriberRow>, sqlx::Error> {
+    Ok(on_indexes!(pool, fetch_all, list_query()))
+}
+
+pub(super) fn list_query<'q>() -> super::Rows<'q, SubscriberRow> {
+    sqlx::query_as(LIST)
+}
+
+/// Removes the subscriber `$1`: its registrations, then its pending copies (found through them,
+/// on the pending index) and its dead ones (on the dead index). Returns how many of each.
+/// Published copies stay as history, for retention.
+pub(crate) const REMOVE: &str = concat!(
+    "WITH gone AS ( \
+         DELETE FROM outbox.subscribers WHERE subscriber = $1 \
+         RETURNING aggregate_type, event_type, subscriber), \
+     pending AS ( \
+         DELETE FROM outbox.events e WHERE e.ctid = ANY (ARRAY( \
+             SELECT r.ctid FROM gone s CROSS JOIN LATERAL ( \
+                 SELECT r.ctid FROM outbox.events r WHERE ",
+    pending_copies!(),
+    ") r)) \
+         RETURNING 1), \
+     dead AS ( \
+         DELETE FROM outbox.events e WHERE e.dead_at >= '-infinity' AND e.subscriber = $1 \
+         RETURNING 1) \
+     SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM pending), \
+            (SELECT count(*) FROM dead)"
+);
+
+/// Removes a subscriber (see [`REMOVE`]): `(registrations, pending copies, dead copies)`.
+pub(crate) async fn remove(
+    pool: &PgPool,
+    subscriber: &str,
+) -> Result<(i64, i64, i64), sqlx::Error> {
+    Ok(on_indexes!(pool, fetch_one, remove_query(subscriber)))
+}
+
+pub(super) fn remove_query(subscriber: &str) -> super::Rows<'_, (i64, i64, i64)> {
+    sqlx::query_as(REMOVE).bind(subscriber)
+}
