@@ -220,7 +220,7 @@ async fn status_of_an_empty_outbox(pool: PgPool) {
         outbox(&pool, &["status", "--json"]).json(),
         json!({
             "pending": 0, "dead": 0, "oldest_pending_age_secs": null, "by_type": [], "relays": [],
-            "paused": []
+            "paused": [], "subscribers": []
         })
     );
     let text = outbox(&pool, &["status"]).ok().stdout;
@@ -992,4 +992,76 @@ async fn inbox_dead_messages_are_listed_and_discarded_and_old_records_purged(poo
     let failing_id = failing.to_string();
     let not_dead = outbox(&pool, &["inbox", "discard", "--consumer", "billing", &failing_id]);
     not_dead.fails(1);
+}
+
+/// A subscriber's copy of the event `source`, pending (or dead with `error`), as relays write one.
+async fn copy(pool: &PgPool, source: Uuid, subscriber: &str, error: Option<&str>) -> Uuid {
+    sqlx::query_scalar(
+        "INSERT INTO outbox.events (source_event_id, subscriber, aggregate_type, aggregate_id, \
+                                    event_type, payload, attempts, last_error, dead_at) \
+         SELECT event_id, $2, aggregate_type, aggregate_id, event_type, payload, \
+                CASE WHEN $3::text IS NULL THEN 0 ELSE 10 END, $3, \
+                CASE WHEN $3::text IS NOT NULL THEN now() END \
+         FROM outbox.events WHERE event_id = $1 \
+         RETURNING event_id",
+    )
+    .bind(source)
+    .bind(subscriber)
+    .bind(error)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn subscribers_are_listed_with_their_copies_and_removed_with_them(pool: PgPool) {
+    migrated(&pool).await;
+    sqlx::query(
+        "INSERT INTO outbox.subscribers (aggregate_type, event_type, subscriber) \
+         VALUES ('order', 'order.placed', 'audit'), ('order', 'order.placed', 'receipts')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (first, second) = (published(&pool, "1 hour").await, published(&pool, "2 hours").await);
+    let dead = copy(&pool, first, "audit", Some("the audit log refuses it")).await;
+    copy(&pool, second, "audit", None).await;
+    let plain_dead = dead_row(&pool, "user", "user.created", "timeout").await;
+
+    let listed = outbox(&pool, &["subscribers", "list", "--json"]).json();
+    let summary: Vec<(String, u64, u64)> = listed["subscribers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let name = s["subscriber"].as_str().unwrap().to_owned();
+            (name, s["pending"].as_u64().unwrap(), s["dead"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(summary, [("audit".to_owned(), 1, 1), ("receipts".to_owned(), 0, 0)]);
+    let status = outbox(&pool, &["status"]).ok().stdout;
+    assert!(status.contains("SUBSCRIBER") && status.contains("receipts"), "{status}");
+
+    // Dead letters name the subscriber a copy is dead for, and filter by it.
+    let report = outbox(&pool, &["dead", "list", "--json", "--subscriber", "audit"]).json();
+    let events = report["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["event_id"], dead.to_string());
+    assert_eq!(events[0]["subscriber"], "audit");
+    assert_eq!(events[0]["copy_of"], first.to_string());
+    let text = outbox(&pool, &["dead", "list"]).ok().stdout;
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].contains("SUBSCRIBER"), "{text}");
+    let row = |id: Uuid| lines.iter().find(|line| line.starts_with(&id.to_string())).unwrap();
+    assert!(row(dead).split_whitespace().any(|cell| cell == "audit"), "{text}");
+    assert!(row(plain_dead).split_whitespace().any(|cell| cell == "-"), "{text}");
+    let shown = outbox(&pool, &["dead", "show", &dead.to_string()]).ok().stdout;
+    assert!(shown.contains(&first.to_string()), "{shown}");
+
+    let removed = outbox(&pool, &["subscribers", "remove", "audit", "--json"]).json();
+    assert_eq!(removed, json!({ "registrations": 1, "pending": 1, "dead": 1 }));
+    assert_eq!(count(&pool, "subscriber = 'audit'").await, 0);
+    assert_eq!(dead_ids(&pool).await, [plain_dead]);
+    let left = outbox(&pool, &["subscribers", "list"]).ok().stdout;
+    assert!(left.contains("receipts") && !left.contains("audit"), "{left}");
 }
