@@ -403,3 +403,64 @@ fn build_refuses_subscribers_it_cannot_run() {
     let message = both.to_string();
     assert!(message.contains("register the handler as a subscriber too"), "{message}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_relay_that_dies_mid_delivery_leaves_the_event_to_the_next_for_every_subscriber(
+    pool: PgPool,
+) {
+    migrated(&pool).await;
+    let ids = emit_committed(&pool, &[placed(1), placed(2)]).await;
+
+    #[derive(Clone, Default)]
+    struct State {
+        calls: Calls,
+        /// Set: the search subscriber hangs, as in a relay that stopped answering.
+        hang: Arc<std::sync::atomic::AtomicBool>,
+        hanging: Arc<tokio::sync::Notify>,
+    }
+    async fn receipts(ctx: EventContext<State>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().calls.record("receipts", &ctx);
+        Ok(())
+    }
+    async fn search(ctx: EventContext<State>, _: OrderPlaced) -> Result<(), HandlerError> {
+        if ctx.state().hang.load(std::sync::atomic::Ordering::SeqCst) {
+            ctx.state().hanging.notify_one();
+            std::future::pending::<()>().await;
+        }
+        ctx.state().calls.record("search", &ctx);
+        Ok(())
+    }
+    let builder = |state: &State| {
+        fast(Relay::builder(pool.clone()))
+            .state(state.clone())
+            .lease_timeout(Duration::from_secs(1))
+            .subscriber("receipts", receipts)
+            .subscriber("search", search)
+    };
+    let doomed_state = State::default();
+    doomed_state.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let doomed = builder(&doomed_state).build().unwrap();
+    let doomed = tokio::spawn(doomed.run_until(std::future::pending()));
+    doomed_state.hanging.notified().await;
+    doomed.abort(); // dies mid-delivery: no acknowledgement, no copies
+    let _ = doomed.await;
+
+    let state = State::default();
+    let _busy = CpuBurner::start(Duration::from_secs(60));
+    let heir = Running::start(builder(&state));
+    eventually("both events are published", || async { count_published(&pool).await == 2 })
+        .await;
+    eventually("nothing is pending", || async { pending_events(&pool).await == 0 }).await;
+    heir.stop().await;
+    // The heir delivered each event to both subscribers, at once: nothing was copied.
+    assert!(calls_once_each(&state.calls, "receipts", &ids));
+    assert!(calls_once_each(&state.calls, "search", &ids));
+    assert_eq!(copies(&pool, "search").await, (0, 0, 0));
+    assert_eq!(copies(&pool, "receipts").await, (0, 0, 0));
+    // An event the dead relay held came back after its lease: the heir saw the expired lease.
+    let expired: Vec<u32> = {
+        let calls = state.calls.0.lock().unwrap();
+        calls.iter().filter(|(name, ..)| *name == "search").map(|(_, _, n)| *n).collect()
+    };
+    assert!(expired.contains(&2), "a delivery after an expired lease: {expired:?}");
+}
