@@ -259,3 +259,83 @@ async fn while_the_broker_is_away_handled_events_flow_and_forwarded_ones_wait_un
     assert_eq!((counts.failed, counts.dead), (0, 0));
     assert_eq!(row_state(&pool, customer).await.attempts, 0);
 }
+
+/// The forwarding subscriber: one of an event type's subscribers, beside a handler; while the
+/// broker is away the handler goes on and the forwarding copies wait, no attempt counted.
+#[sqlx::test(migrations = false)]
+async fn forwarding_as_a_subscriber_beside_a_handler_waits_out_the_broker_alone(pool: PgPool) {
+    migrated(&pool).await;
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let (sink, broker) = Away::new(stream.sink());
+    let destination = format!("{}.{{aggregate_type}}.{{event_type}}", stream.prefix);
+    let forward = Forward::to(sink).destination(&destination).only([("order", "order.placed")]);
+
+    #[derive(Clone, Default)]
+    struct Receipts(Arc<Mutex<Vec<Uuid>>>);
+    async fn receipts(ctx: EventContext<Receipts>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().0.lock().unwrap().push(ctx.event_id());
+        Ok(())
+    }
+    let sent = Receipts::default();
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(sent.clone())
+            .subscriber("receipts", receipts)
+            .forward_as("broker", forward),
+    );
+    let pending = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT count(*), coalesce(sum(attempts), 0) FROM outbox.events \
+             WHERE published_at IS NULL AND dead_at IS NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let mut ids = emit_committed(&pool, &[placed(1), placed(2), placed(3)]).await;
+    eventually("the broker and the handler have the first three", || async {
+        stream.message_ids().await.len() == 3 && sent.0.lock().unwrap().len() == 3
+    })
+    .await;
+
+    broker.take_away();
+    ids.extend(emit_committed(&pool, &[placed(4), placed(5), placed(6)]).await);
+    eventually("the handler has all six", || async { sent.0.lock().unwrap().len() == 6 }).await;
+    eventually("the broker's three copies wait", || async { pending().await.0 == 3 }).await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // polls and probes meanwhile
+    assert_eq!(pending().await, (3, 0), "waiting copies count no attempt");
+
+    broker.give_back();
+    eventually("the broker has all six", || async { stream.message_ids().await.len() == 6 }).await;
+    eventually("nothing is pending", || async { pending().await.0 == 0 }).await;
+    let counts = relay.stop().await;
+    let mut forwarded = stream.message_ids().await;
+    forwarded.sort();
+    ids.sort();
+    assert_eq!(forwarded, ids, "each event once at the broker, under its own id");
+    let mut handled = sent.0.lock().unwrap().clone();
+    handled.sort();
+    assert_eq!(handled, ids, "each event once at the handler");
+    assert_eq!((counts.failed, counts.dead), (0, 0));
+}
+
+#[tokio::test]
+async fn forwarding_as_a_subscriber_needs_the_types_named_and_a_name_of_its_own() {
+    let stream = Stream::create(Duration::from_secs(120)).await;
+    let pool = || sqlx::PgPool::connect_lazy("postgres://localhost/none").unwrap();
+    let every_type = Relay::builder(pool()).forward_as("broker", Forward::to(stream.sink()));
+    let error = every_type.build().err();
+    assert!(matches!(error, Some(BuildError::InvalidSetting(_))), "{error:?}");
+
+    async fn receipts(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    let placed = Forward::to(stream.sink()).only([("order", "order.placed")]);
+    let twice = Relay::builder(pool()).subscriber("broker", receipts).forward_as("broker", placed);
+    let error = twice.build().err();
+    assert!(matches!(error, Some(BuildError::DuplicateSubscriber { .. })), "{error:?}");
+    let placed = Forward::to(stream.sink()).only([("order", "order.placed")]);
+    let handled = Relay::builder(pool()).handler(receipts).forward_as("broker", placed);
+    let error = handled.build().err();
+    assert!(matches!(error, Some(BuildError::ForwardedAndHandled { .. })), "{error:?}");
+}

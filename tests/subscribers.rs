@@ -384,8 +384,8 @@ fn build_refuses_subscribers_it_cannot_run() {
         error(Relay::builder(pool()).subscriber("receipts", one).subscriber("receipts", two)),
         BuildError::DuplicateSubscriber {
             subscriber: "receipts".into(),
-            aggregate_type: "order",
-            event_type: "order.placed",
+            aggregate_type: "order".into(),
+            event_type: "order.placed".into(),
         }
     );
     let both =
@@ -448,8 +448,7 @@ async fn a_relay_that_dies_mid_delivery_leaves_the_event_to_the_next_for_every_s
     let state = State::default();
     let _busy = CpuBurner::start(Duration::from_secs(60));
     let heir = Running::start(builder(&state));
-    eventually("both events are published", || async { count_published(&pool).await == 2 })
-        .await;
+    eventually("both events are published", || async { count_published(&pool).await == 2 }).await;
     eventually("nothing is pending", || async { pending_events(&pool).await == 0 }).await;
     heir.stop().await;
     // The heir delivered each event to both subscribers, at once: nothing was copied.

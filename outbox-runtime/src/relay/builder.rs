@@ -20,7 +20,7 @@ use crate::relay::held::HeldRows;
 use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::ORDERED_BATCH_SIZE;
 use crate::relay::registry::Registration;
-use crate::relay::{Plan, Relay, Routed, Routes, Subscribed};
+use crate::relay::{Plan, Relay, Routed, Routes, Subscribed, Subscribers};
 use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
@@ -34,6 +34,8 @@ pub struct RelayBuilder<S = ()> {
     handlers: Vec<Registered<S>>,
     upcasters: Vec<Upcaster>,
     forward: Option<Forward>,
+    /// The subscriber name `forward` forwards as, if it is a subscriber.
+    forward_as: Option<String>,
     /// Set by [`RelayBuilder::concurrency`]; the default depends on forwarding.
     concurrency: Option<usize>,
     config: RelayConfig,
@@ -162,9 +164,9 @@ pub enum BuildError {
         /// The name both have.
         subscriber: String,
         /// The aggregate type both take.
-        aggregate_type: &'static str,
+        aggregate_type: String,
         /// The event type both take.
-        event_type: &'static str,
+        event_type: String,
     },
     /// An event type has both a handler of its own and subscribers: with subscribers, every
     /// delivery of the type goes to a named subscriber.
@@ -201,6 +203,7 @@ impl Relay<()> {
             handlers: Vec::new(),
             upcasters: Vec::new(),
             forward: None,
+            forward_as: None,
             concurrency: None,
             config: RelayConfig::default(),
         }
@@ -230,6 +233,7 @@ impl RelayBuilder<()> {
             handlers,
             upcasters: self.upcasters,
             forward: self.forward,
+            forward_as: self.forward_as,
             concurrency: self.concurrency,
             config: self.config,
         }
@@ -401,6 +405,37 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// ```
     pub fn forward(mut self, forward: Forward) -> Self {
         self.forward = Some(forward);
+        self.forward_as = None;
+        self
+    }
+
+    /// Forwards the types named with [`Forward::only`] to a broker as the subscriber `name`: one
+    /// subscriber of those types among any others (see [`subscriber`](Self::subscriber)), so an
+    /// event can be forwarded and handled, each with its own attempts and dead letters. While
+    /// the broker is unavailable the other subscribers go on and the forwarding subscriber's
+    /// copies wait, no attempt counted.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::{sqlx, EventContext, OutboxEvent, Relay};
+    /// # use serde::{Deserialize, Serialize};
+    /// # #[derive(Serialize, Deserialize, OutboxEvent)]
+    /// # #[outbox(aggregate = "order", event_type = "order.placed")]
+    /// # struct OrderPlaced { #[outbox(id)] order_id: i64 }
+    /// # async fn send_receipt(_: EventContext, _: OrderPlaced) -> Result<(), std::io::Error> { Ok(()) }
+    /// # #[cfg(feature = "nats")]
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_runtime::forward::{nats::NatsSink, Forward};
+    ///
+    /// let sink = NatsSink::new(async_nats::connect("127.0.0.1:4222").await?, "EVENTS");
+    /// let relay = Relay::builder(pool)
+    ///     .subscriber("receipts", send_receipt)
+    ///     .forward_as("broker", Forward::to(sink).only([("order", "order.placed")]))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn forward_as(mut self, name: &str, forward: Forward) -> Self {
+        self.forward = Some(forward);
+        self.forward_as = Some(name.to_owned());
         self
     }
 
@@ -631,8 +666,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
                 if of_type.iter().any(|other| *other.name == **name) {
                     return Err(BuildError::DuplicateSubscriber {
                         subscriber: name.clone(),
-                        aggregate_type: key.0,
-                        event_type: key.1,
+                        aggregate_type: key.0.to_owned(),
+                        event_type: key.1.to_owned(),
                     });
                 }
                 of_type.push(Subscribed {
@@ -656,16 +691,31 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             .as_ref()
             .map(|forward| Forwarding { sink: forward.sink.clone(), health: SinkHealth::new() });
         let forwarded = self.forward.as_ref().map(|forward| forward.event_types.clone());
+        let mut forwarder = None;
         let fallback = match self.forward.zip(forwarding.as_ref()) {
             Some((forward, forwarding)) => {
                 let destination =
                     forward.destination.clone().map_err(BuildError::InvalidDestination)?;
                 let route = ForwardRoute::new(forward, destination, forwarding.health.clone());
                 let route = Arc::new(route) as Arc<dyn Route<S>>;
-                Some(Routed { route, policy: config.policy() })
+                let routed = Routed { route, policy: config.policy() };
+                match self.forward_as {
+                    Some(name) => {
+                        forwarder = Some((name, routed));
+                        None
+                    }
+                    None => Some(routed),
+                }
             }
             None => None,
         };
+        // Every subscriber by type: the typed ones, then (below) the forwarding one of each type
+        // it forwards, which forwards any version as stored.
+        let mut by_type: HashMap<String, HashMap<String, Vec<Subscribed<S>>>> = HashMap::new();
+        for ((aggregate_type, event_type), of_type) in subscribers {
+            let of_aggregate = by_type.entry(aggregate_type.to_owned()).or_default();
+            of_aggregate.insert(event_type.to_owned(), of_type);
+        }
         // Rows newer than a handler reads stay for newer relays, unless they are to fail.
         let newest = |version: u32| match config.newer_versions {
             NewerVersions::LeaveForOthers => i32::try_from(version).unwrap_or(i32::MAX),
@@ -673,7 +723,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         };
         let mut types = TypeVersions::default();
         for (&(aggregate_type, name), &(event_type, _)) in &handled {
-            match subscribers.get(&(aggregate_type, name)) {
+            match by_type.get(aggregate_type).and_then(|of| of.get(name)) {
                 None => types.push(aggregate_type, name, "", newest(event_type.version())),
                 Some(of_type) => {
                     // An event is delivered to every subscriber here at once: one that reads
@@ -693,7 +743,54 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
         // While the sink is unavailable a relay that also handles events leases only those.
         let handled_types = (!types.event_types.is_empty()).then(|| types.clone());
-        for (aggregate_type, event_type) in forwarded.clone().flatten().unwrap_or_default() {
+        // The forwarding subscriber's leases come after: it waits while the sink is away.
+        let mut forwarded_as = Vec::new();
+        if let Some((name, routed)) = forwarder {
+            let Some(Some(forwarded_types)) = &forwarded else {
+                return Err(BuildError::InvalidSetting(
+                    "`forward_as` forwards the types named with `Forward::only`",
+                ));
+            };
+            if !is_valid_name(&name) {
+                return Err(BuildError::InvalidSubscriberName { name });
+            }
+            let name: Arc<str> = Arc::from(name.as_str());
+            for (aggregate_type, event_type) in forwarded_types {
+                let key = (aggregate_type.as_str(), event_type.as_str());
+                if let (Some(&(_, handler)), true) = (handled.get(&key), routes.contains_key(&key))
+                {
+                    return Err(BuildError::ForwardedAndHandled {
+                        aggregate_type: aggregate_type.clone(),
+                        event_type: event_type.clone(),
+                        handler,
+                    });
+                }
+                let of_type = by_type
+                    .entry(aggregate_type.clone())
+                    .or_default()
+                    .entry(event_type.clone())
+                    .or_default();
+                if of_type.iter().any(|other| other.name == name) {
+                    return Err(BuildError::DuplicateSubscriber {
+                        subscriber: name.to_string(),
+                        aggregate_type: aggregate_type.clone(),
+                        event_type: event_type.clone(),
+                    });
+                }
+                // Its own copies and, for a type it alone takes here, the events.
+                if of_type.is_empty() {
+                    forwarded_as.push((aggregate_type, event_type, None));
+                }
+                forwarded_as.push((aggregate_type, event_type, Some(name.clone())));
+                let routed = routed.clone();
+                of_type.push(Subscribed { name: name.clone(), routed, newest: u32::MAX });
+            }
+        }
+        for (aggregate_type, event_type, subscriber) in forwarded_as {
+            types.push(aggregate_type, event_type, subscriber.as_deref().unwrap_or(""), i32::MAX);
+        }
+        let forwarded_by_fallback = fallback.as_ref().and(forwarded.clone()).flatten();
+        for (aggregate_type, event_type) in forwarded_by_fallback.unwrap_or_default() {
             if let Some(&(_, first)) = handled.get(&(aggregate_type.as_str(), event_type.as_str()))
             {
                 return Err(BuildError::ForwardedAndHandled {
@@ -772,7 +869,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             metrics,
             registration,
             held_rows: HeldRows::default(),
-            subscribers: subscribers.into_iter().map(|(key, of)| (key, Arc::from(of))).collect(),
+            subscribers: Subscribers::new(by_type),
         })
     }
 }

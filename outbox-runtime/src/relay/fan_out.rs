@@ -137,12 +137,10 @@ impl FanOut<'_> {
 /// registered before its relay leases anything.
 pub(super) async fn register<S>(pool: &PgPool, subscribers: &Subscribers<S>) {
     let mut keys = (Vec::new(), Vec::new(), Vec::new());
-    for (&(aggregate_type, event_type), of_type) in subscribers {
-        for subscriber in of_type.iter() {
-            keys.0.push(aggregate_type);
-            keys.1.push(event_type);
-            keys.2.push(&*subscriber.name);
-        }
+    for (aggregate_type, event_type, subscriber) in subscribers.iter() {
+        keys.0.push(aggregate_type);
+        keys.1.push(event_type);
+        keys.2.push(&*subscriber.name);
     }
     if keys.0.is_empty() {
         return;

@@ -94,8 +94,32 @@ struct Routed<S> {
     policy: Policy,
 }
 
-/// The subscribers of each event type that has them, by `(aggregate_type, event_type)`.
-type Subscribers<S> = HashMap<(&'static str, &'static str), Arc<[Subscribed<S>]>>;
+/// The subscribers of each event type that has them, by aggregate type, then event type.
+struct Subscribers<S>(HashMap<String, HashMap<String, Arc<[Subscribed<S>]>>>);
+
+impl<S> Subscribers<S> {
+    fn new(by_type: HashMap<String, HashMap<String, Vec<Subscribed<S>>>>) -> Self {
+        let by_type = by_type.into_iter().map(|(aggregate_type, of_aggregate)| {
+            let of_aggregate = of_aggregate.into_iter().map(|(e, of)| (e, Arc::from(of)));
+            (aggregate_type, of_aggregate.collect())
+        });
+        Subscribers(by_type.collect())
+    }
+
+    /// The subscribers of a type, if it has any.
+    fn of(&self, aggregate_type: &str, event_type: &str) -> Option<&Arc<[Subscribed<S>]>> {
+        self.0.get(aggregate_type)?.get(event_type)
+    }
+
+    /// Every `(aggregate_type, event_type, subscriber)`.
+    fn iter(&self) -> impl Iterator<Item = (&str, &str, &Subscribed<S>)> {
+        self.0.iter().flat_map(|(aggregate_type, of_aggregate)| {
+            of_aggregate.iter().flat_map(move |(event_type, of_type)| {
+                of_type.iter().map(move |s| (aggregate_type.as_str(), event_type.as_str(), s))
+            })
+        })
+    }
+}
 
 /// One subscriber of an event type, as this relay runs it.
 struct Subscribed<S> {
@@ -308,7 +332,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     /// then with the relay's policy.
     fn target(&self, row: &LeasedEvent) -> Target<S> {
         let key = (row.aggregate_type.as_str(), row.event_type.as_str());
-        let routed = match self.subscribers.get(&key) {
+        let routed = match self.subscribers.of(key.0, key.1) {
             Some(subscribers) if row.subscriber.is_empty() => {
                 return Target::Subscribers(subscribers.clone());
             }
