@@ -95,7 +95,10 @@ struct Routed<S> {
 }
 
 /// The subscribers of each event type that has them, by aggregate type, then event type.
-struct Subscribers<S>(HashMap<String, HashMap<String, Arc<[Subscribed<S>]>>>);
+struct Subscribers<S>(HashMap<String, OfAggregate<S>>);
+
+/// The subscribers of one aggregate's event types, by event type.
+type OfAggregate<S> = HashMap<String, Arc<[Subscribed<S>]>>;
 
 impl<S> Subscribers<S> {
     fn new(by_type: HashMap<String, HashMap<String, Vec<Subscribed<S>>>>) -> Self {
