@@ -292,9 +292,9 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
     /// same type.
     ///
     /// `name` names the subscriber's state in the outbox: keep it when the code changes, and
-    /// remove it ([`subscribers::remove`](crate::subscribers::remove), `outbox subscribers remove`) when the subscriber is removed for good. Names use
-    /// the grammar of event types: lowercase letters, digits, `_`, `.` and `-`, starting with a
-    /// letter.
+    /// remove it ([`subscribers::remove`](crate::subscribers::remove), `outbox subscribers
+    /// remove`) when the subscriber is gone for good. Names use the grammar of event types:
+    /// lowercase letters, digits, `_`, `.` and `-`, starting with a letter.
     ///
     /// ```no_run
     /// # use outbox_runtime::sqlx;

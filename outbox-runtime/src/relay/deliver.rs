@@ -226,7 +226,7 @@ pub(super) async fn call<S>(
     })
 }
 
-/// Logs a failed delivery (with the id and type again, for subscribers that leave the
+/// Logs a failed delivery (with the id and type again, for tracing subscribers that leave the
 /// info-level span out).
 pub(super) fn log_failure(
     event_id: Uuid,
