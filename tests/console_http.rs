@@ -517,3 +517,53 @@ async fn the_overview_stands_without_its_charts_when_they_cannot_be_read(pool: P
         "{page}"
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn dead_letters_show_and_select_a_subscribers_copies(pool: PgPool) {
+    migrated(&pool).await;
+    let plain = dead_row(&pool, "order", "order.placed", "refused").await;
+    // A subscriber's dead copy of an event, as a relay writes one.
+    let copy: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.events (source_event_id, subscriber, aggregate_type, aggregate_id, \
+                                    event_type, payload, attempts, last_error, dead_at) \
+         VALUES (gen_random_uuid(), 'audit', 'order', '7', 'order.placed', '{}', 3, \
+                 'the audit log refuses it', now()) \
+         RETURNING event_id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let served = Served::start(Console::new(pool.clone()).token(TOKEN).router()).await;
+    let http = client();
+    let api = |path: &str| http.get(format!("{}/api/{path}", served.url)).bearer_auth(TOKEN);
+
+    let dead = answer(api("dead?subscriber=audit")).await;
+    assert_eq!(dead["count"], 1);
+    assert_eq!(dead["events"][0]["event_id"], copy.to_string());
+    assert_eq!(dead["events"][0]["subscriber"], "audit");
+    let all = answer(api("dead")).await;
+    assert_eq!(all["count"], 2);
+
+    let cookie = logged_in(&served).await;
+    let page = http
+        .get(format!("{}/dead?subscriber=audit", served.url))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&copy.to_string()) && !page.contains(&plain.to_string()), "{page}");
+    assert!(page.contains("<td class=\"subscriber\">audit</td>"), "{page}");
+    assert!(page.contains("1 dead letter matches"), "{page}");
+    // Requeuing from the page's selection touches the subscriber's copy alone.
+    let requeued = answer(
+        http.post(format!("{}/api/dead/requeue", served.url))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({ "subscriber": "audit" })),
+    )
+    .await;
+    assert_eq!(requeued["requeued"], 1);
+    assert!(!row_state(&pool, copy).await.dead && row_state(&pool, plain).await.dead);
+}

@@ -28,6 +28,7 @@ pub(super) async fn dead(
             label { "Aggregate type " input type="text" name="aggregate_type" value=[given(&query.aggregate_type)]; }
             label { "Event type " input type="text" name="event_type" value=[given(&query.event_type)]; }
             label { "Error contains " input type="text" name="error" value=[given(&query.error)]; }
+            label { "Subscriber " input type="text" name="subscriber" size="12" value=[given(&query.subscriber)]; }
             label { "Died less than " input type="text" name="newer_than" size="6" placeholder="2h" value=[given(&query.newer_than)]; " ago" }
             label { "more than " input type="text" name="older_than" size="6" placeholder="10m" value=[given(&query.older_than)]; " ago" }
             button type="submit" { "Filter" }
@@ -43,12 +44,13 @@ pub(super) async fn dead(
         }
         @if !events.is_empty() {
             table #dead {
-                thead { tr { th { "Event" } th { "Type" } th { "Aggregate id" } th.n { "Attempts" } th { "Died" } th { "Last error" } } }
+                thead { tr { th { "Event" } th { "Type" } th { "Subscriber" } th { "Aggregate id" } th.n { "Attempts" } th { "Died" } th { "Last error" } } }
                 tbody {
                     @for event in &events {
                         tr {
                             td { (views::event_link(&page, &event.event_id)) }
                             td { (views::event_type(&event.aggregate_type, &event.event_type)) " v" (event.version) }
+                            td.subscriber { (event.subscriber.as_deref().unwrap_or("—")) }
                             td { code { (event.aggregate_id) } }
                             td.n { (event.attempts) @if event.expired_leases > 0 { " + " (event.expired_leases) " expired" } }
                             td { (instant(&event.dead_at)) }

@@ -36,6 +36,9 @@ pub(super) struct DeadQuery {
     /// Died before this instant (RFC 3339).
     #[serde(skip_serializing_if = "blank")]
     pub(super) until: Option<String>,
+    /// A subscriber's copies only.
+    #[serde(skip_serializing_if = "blank")]
+    pub(super) subscriber: Option<String>,
 }
 
 /// A [`DeadQuery`] read: the filter, and its time range as instants.
@@ -80,6 +83,9 @@ impl DeadQuery {
         if let Some(until) = range.until {
             filter = filter.dead_before(until);
         }
+        if let Some(subscriber) = given(&self.subscriber) {
+            filter = filter.subscriber(subscriber);
+        }
         Ok(DeadSelection { filter, range })
     }
 
@@ -116,6 +122,7 @@ impl DeadQuery {
             ("older_than", &self.older_than),
             ("since", &self.since),
             ("until", &self.until),
+            ("subscriber", &self.subscriber),
         ];
         fields.into_iter().filter_map(|(name, value)| Some((name, given(value)?))).collect()
     }
