@@ -696,72 +696,13 @@ async fn dead_messages_are_listed_discarded_and_requeued_from_what_the_inbox_kep
     assert_eq!(dead_letters::count(&pool, "billing").await.unwrap(), 0);
 }
 
-/// One counter increment: `(name, labels as "k=v" sorted, value)`.
-type Increment = (String, Vec<String>, u64);
-
-/// Every counter increment.
-#[derive(Clone, Default)]
-struct Counted(Arc<std::sync::Mutex<Vec<Increment>>>);
-
-struct Increments(Counted, metrics::Key);
-
-impl metrics::CounterFn for Increments {
-    fn increment(&self, value: u64) {
-        let mut labels: Vec<String> =
-            self.1.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
-        labels.sort();
-        self.0 .0.lock().unwrap().push((self.1.name().to_owned(), labels, value));
-    }
-
-    fn absolute(&self, _: u64) {}
-}
-
-impl metrics::Recorder for Counted {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(Arc::new(Increments(self.clone(), key.clone())))
-    }
-
-    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::noop()
-    }
-
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 #[sqlx::test(migrations = false)]
 async fn every_outcome_is_counted_per_consumer_type_and_outcome(pool: PgPool) {
+    use support::metrics::{Counted, Increment};
     setup(&pool).await;
     let counted = Counted::default();
     // This test's thread only: the runtime of `sqlx::test` runs every task on it.
-    let _recorder = metrics::set_default_local_recorder(&counted);
+    let _recorder = ::metrics::set_default_local_recorder(&counted);
     let inbox = Inbox::builder(pool.clone(), "billing")
         .max_attempts(2)
         .handler(|_: InboxContext, event: OrderPlaced| async move {
@@ -777,7 +718,7 @@ async fn every_outcome_is_counted_per_consumer_type_and_outcome(pool: PgPool) {
     for message in [&handled, &handled, &failing, &failing] {
         inbox.receive(message).await.unwrap();
     }
-    let outcomes: Vec<Increment> = counted.0.lock().unwrap().clone();
+    let outcomes: Vec<Increment> = counted.increments();
     let label = |outcome: &str| {
         let labels = ["consumer=billing", "event_type=order.placed", &format!("outcome={outcome}")];
         ("outbox_inbox_received_total".to_owned(), labels.map(str::to_owned).to_vec(), 1)

@@ -463,3 +463,44 @@ async fn a_relay_that_dies_mid_delivery_leaves_the_event_to_the_next_for_every_s
     };
     assert!(expired.contains(&2), "a delivery after an expired lease: {expired:?}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn each_subscriber_is_counted_under_its_own_name(pool: PgPool) {
+    use support::metrics::Counted;
+    migrated(&pool).await;
+    emit_committed(&pool, &[placed(1)]).await;
+    let counted = Counted::default();
+    // This test's thread only: the runtime of `sqlx::test` runs every task on it.
+    let _recorder = ::metrics::set_default_local_recorder(&counted);
+    async fn ok(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn flaky(ctx: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
+        match ctx.delivery() {
+            1 => Err(HandlerError("first delivery fails".into())),
+            _ => Ok(()),
+        }
+    }
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone())).subscriber("ok", ok).subscriber("flaky", flaky),
+    );
+    eventually("the flaky copy is delivered", || async { copies(&pool, "flaky").await.1 == 1 })
+        .await;
+    relay.stop().await;
+    let mut counted: Vec<(String, Vec<String>)> =
+        counted.increments().into_iter().map(|(name, labels, _)| (name, labels)).collect();
+    counted.sort();
+    let of = |name: &str, subscriber: &str| {
+        let labels = vec!["event_type=order.placed".to_owned(), format!("subscriber={subscriber}")];
+        (name.to_owned(), labels)
+    };
+    assert_eq!(
+        counted,
+        [
+            of("outbox_delivered_total", "flaky"),
+            of("outbox_delivered_total", "ok"),
+            of("outbox_failed_total", "flaky"),
+            of("outbox_retried_total", "flaky"),
+        ]
+    );
+}

@@ -8,6 +8,7 @@ mod db;
 pub mod forwarding;
 pub mod inbox;
 pub mod kafka;
+pub mod metrics;
 pub mod nats;
 pub mod pgbouncer;
 pub mod plans;

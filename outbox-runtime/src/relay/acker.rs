@@ -56,6 +56,8 @@ pub(crate) struct Failed {
 pub(crate) struct Ack {
     pub(crate) event_id: Uuid,
     pub(crate) event_type: String,
+    /// The subscriber of a copy; empty for an event as emitted.
+    pub(crate) subscriber: String,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) outcome: Outcome,
 }
@@ -134,7 +136,7 @@ impl Acker {
                 Outcome::Snoozed { .. } => snoozed.push(ack),
                 Outcome::FannedOut(_) => fanned_out.push(ack),
                 Outcome::Published => {
-                    self.metrics.delivered(&ack.event_type, ack.created_at);
+                    self.metrics.delivered(&ack.event_type, &ack.subscriber, ack.created_at);
                     settled.push(ack.event_id);
                 }
                 Outcome::LeaseLost => {
@@ -155,7 +157,7 @@ impl Acker {
             })
             .await;
         for ack in written.done {
-            self.metrics.delivered(&ack.event_type, ack.created_at);
+            self.metrics.delivered(&ack.event_type, &ack.subscriber, ack.created_at);
         }
         busy.extend(written.busy);
 
@@ -175,7 +177,8 @@ impl Acker {
             .await;
         for ack in &written.done {
             let rejected = matches!(&ack.outcome, Outcome::Failed(failed) if failed.rejected);
-            self.metrics.failed(&ack.event_type, written.dead.contains(&ack.event_id), rejected);
+            let dead = written.dead.contains(&ack.event_id);
+            self.metrics.failed(&ack.event_type, &ack.subscriber, dead, rejected);
         }
         if !written.dead.is_empty() {
             let dead = &written.dead;
@@ -206,7 +209,7 @@ impl Acker {
             })
             .await;
         for ack in &written.done {
-            self.metrics.snoozed(&ack.event_type);
+            self.metrics.snoozed(&ack.event_type, &ack.subscriber);
         }
         busy.extend(written.busy);
 
@@ -307,7 +310,9 @@ impl Acker {
         let Outcome::FannedOut(took) = &ack.outcome else { return };
         for (subscriber, took) in took {
             match took {
-                Took::Delivered => self.metrics.delivered(&ack.event_type, ack.created_at),
+                Took::Delivered => {
+                    self.metrics.delivered(&ack.event_type, subscriber, ack.created_at)
+                }
                 Took::Failed(failed) => {
                     let dead = failed.rejected || failed.max_attempts <= 1;
                     if dead {
@@ -318,9 +323,9 @@ impl Acker {
                              dead letters"
                         );
                     }
-                    self.metrics.failed(&ack.event_type, dead, failed.rejected);
+                    self.metrics.failed(&ack.event_type, subscriber, dead, failed.rejected);
                 }
-                Took::Snoozed(_) => self.metrics.snoozed(&ack.event_type),
+                Took::Snoozed(_) => self.metrics.snoozed(&ack.event_type, subscriber),
                 Took::Copied => {}
             }
         }

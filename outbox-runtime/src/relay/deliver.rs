@@ -260,6 +260,7 @@ fn ack(row: &LeasedEvent, outcome: Outcome) -> Ack {
     Ack {
         event_id: row.event_id,
         event_type: row.event_type.clone(),
+        subscriber: row.subscriber.clone(),
         created_at: row.created_at,
         outcome,
     }

@@ -466,12 +466,13 @@ fn count<S>(relay: &Relay<S>, acks: &[Ack], dead: &HashSet<Uuid>) {
     for ack in acks {
         match &ack.outcome {
             Outcome::Delivered | Outcome::Published => {
-                metrics.delivered(&ack.event_type, ack.created_at)
+                metrics.delivered(&ack.event_type, &ack.subscriber, ack.created_at)
             }
             Outcome::Failed(failure) => {
-                metrics.failed(&ack.event_type, dead.contains(&ack.event_id), failure.rejected)
+                let died = dead.contains(&ack.event_id);
+                metrics.failed(&ack.event_type, &ack.subscriber, died, failure.rejected)
             }
-            Outcome::Snoozed { .. } => metrics.snoozed(&ack.event_type),
+            Outcome::Snoozed { .. } => metrics.snoozed(&ack.event_type, &ack.subscriber),
             Outcome::HandedBack | Outcome::LeaseLost | Outcome::FannedOut(_) => handed_back += 1,
         }
     }

@@ -1,7 +1,8 @@
 //! What a relay did: counters readable while it runs, a health signal, and (with the
 //! `metrics` feature, on by default) the same figures through the `metrics` facade.
 //!
-//! Facade names, all labelled by `event_type`: counters `outbox_delivered_total`,
+//! Facade names, all labelled by `event_type` (and by `subscriber` for the deliveries of a
+//! [subscriber](crate::RelayBuilder::subscriber)): counters `outbox_delivered_total`,
 //! `outbox_failed_total`, `outbox_retried_total`, `outbox_dead_total`, `outbox_rejected_total`
 //! (failures a handler [rejected](crate::Reject), dead at once), `outbox_snoozed_total`
 //! ([snoozes](crate::Snooze), not failures); histograms
@@ -138,22 +139,22 @@ impl RelayMetrics {
         self.0.last_contact.store(millis, Relaxed);
     }
 
-    pub(crate) fn delivered(&self, event_type: &str, created_at: DateTime<Utc>) {
+    /// `subscriber`: empty for a type's own handler.
+    pub(crate) fn delivered(&self, event_type: &str, subscriber: &str, created_at: DateTime<Utc>) {
         self.0.delivered.fetch_add(1, Relaxed);
         #[cfg(feature = "metrics")]
         {
             let latency = (Utc::now() - created_at).to_std().unwrap_or_default();
-            let event_type = event_type.to_owned();
-            metrics::counter!("outbox_delivered_total", "event_type" => event_type.clone())
-                .increment(1);
-            metrics::histogram!("outbox_delivery_latency_seconds", "event_type" => event_type)
+            let labels = labels(event_type, subscriber);
+            metrics::counter!("outbox_delivered_total", labels.clone()).increment(1);
+            metrics::histogram!("outbox_delivery_latency_seconds", labels)
                 .record(latency.as_secs_f64());
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (event_type, created_at);
+        let _ = (event_type, subscriber, created_at);
     }
 
-    pub(crate) fn failed(&self, event_type: &str, dead: bool, rejected: bool) {
+    pub(crate) fn failed(&self, event_type: &str, subscriber: &str, dead: bool, rejected: bool) {
         self.0.failed.fetch_add(1, Relaxed);
         if dead {
             self.0.dead.fetch_add(1, Relaxed);
@@ -163,27 +164,24 @@ impl RelayMetrics {
         }
         #[cfg(feature = "metrics")]
         {
-            let event_type = event_type.to_owned();
-            metrics::counter!("outbox_failed_total", "event_type" => event_type.clone())
-                .increment(1);
+            let labels = labels(event_type, subscriber);
+            metrics::counter!("outbox_failed_total", labels.clone()).increment(1);
             if rejected {
-                metrics::counter!("outbox_rejected_total", "event_type" => event_type.clone())
-                    .increment(1);
+                metrics::counter!("outbox_rejected_total", labels.clone()).increment(1);
             }
             let outcome = if dead { "outbox_dead_total" } else { "outbox_retried_total" };
-            metrics::counter!(outcome, "event_type" => event_type).increment(1);
+            metrics::counter!(outcome, labels).increment(1);
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = event_type;
+        let _ = (event_type, subscriber);
     }
 
-    pub(crate) fn snoozed(&self, event_type: &str) {
+    pub(crate) fn snoozed(&self, event_type: &str, subscriber: &str) {
         self.0.snoozed.fetch_add(1, Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!("outbox_snoozed_total", "event_type" => event_type.to_owned())
-            .increment(1);
+        metrics::counter!("outbox_snoozed_total", labels(event_type, subscriber)).increment(1);
         #[cfg(not(feature = "metrics"))]
-        let _ = event_type;
+        let _ = (event_type, subscriber);
     }
 
     /// A row whose lease expired on its last attempt.
@@ -210,6 +208,17 @@ impl RelayMetrics {
     pub(crate) fn lost_leases(&self, n: u64) {
         self.0.lost_leases.fetch_add(n, Relaxed);
     }
+}
+
+/// A delivery's labels: its event type, and its subscriber if it has one (so the series of a type
+/// with one handler keep the labels they always had).
+#[cfg(feature = "metrics")]
+fn labels(event_type: &str, subscriber: &str) -> Vec<metrics::Label> {
+    let mut labels = vec![metrics::Label::new("event_type", event_type.to_owned())];
+    if !subscriber.is_empty() {
+        labels.push(metrics::Label::new("subscriber", subscriber.to_owned()));
+    }
+    labels
 }
 
 /// How often the table-wide gauges are refreshed, and how old a shared reading they take.
