@@ -698,11 +698,11 @@ async fn dead_messages_are_listed_discarded_and_requeued_from_what_the_inbox_kep
 
 #[sqlx::test(migrations = false)]
 async fn every_outcome_is_counted_per_consumer_type_and_outcome(pool: PgPool) {
-    use support::metrics::{Counted, Increment};
+    use support::counting::{Counted, Increment};
     setup(&pool).await;
     let counted = Counted::default();
     // This test's thread only: the runtime of `sqlx::test` runs every task on it.
-    let _recorder = ::metrics::set_default_local_recorder(&counted);
+    let _recorder = metrics::set_default_local_recorder(&counted);
     let inbox = Inbox::builder(pool.clone(), "billing")
         .max_attempts(2)
         .handler(|_: InboxContext, event: OrderPlaced| async move {

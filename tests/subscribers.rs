@@ -466,12 +466,12 @@ async fn a_relay_that_dies_mid_delivery_leaves_the_event_to_the_next_for_every_s
 
 #[sqlx::test(migrations = false)]
 async fn each_subscriber_is_counted_under_its_own_name(pool: PgPool) {
-    use support::metrics::Counted;
+    use support::counting::Counted;
     migrated(&pool).await;
     emit_committed(&pool, &[placed(1)]).await;
     let counted = Counted::default();
     // This test's thread only: the runtime of `sqlx::test` runs every task on it.
-    let _recorder = ::metrics::set_default_local_recorder(&counted);
+    let _recorder = metrics::set_default_local_recorder(&counted);
     async fn ok(_: EventContext, _: OrderPlaced) -> Result<(), HandlerError> {
         Ok(())
     }

@@ -4,11 +4,11 @@
 pub mod accounts;
 pub mod browser;
 pub mod console;
+pub mod counting;
 mod db;
 pub mod forwarding;
 pub mod inbox;
 pub mod kafka;
-pub mod metrics;
 pub mod nats;
 pub mod pgbouncer;
 pub mod plans;
