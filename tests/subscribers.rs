@@ -504,3 +504,46 @@ async fn each_subscriber_is_counted_under_its_own_name(pool: PgPool) {
         ]
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_outbox_from_before_subscribers_keeps_its_pending_events_and_dead_letters(pool: PgPool) {
+    // The schema of the release before subscribers, with a backlog and a dead letter in it.
+    migrated_up_to(&pool, 20261207000004).await;
+    let pending = emit_committed(&pool, &(0..20).map(placed).collect::<Vec<_>>()).await;
+    let dead = emit_committed(&pool, &[placed(99)]).await[0];
+    mark_dead(&pool, dead, "refused before the upgrade").await;
+    migrated(&pool).await;
+
+    let calls = Calls::default();
+    async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record("receipts", &ctx);
+        Ok(())
+    }
+    async fn search(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
+        ctx.state().record("search", &ctx);
+        Ok(())
+    }
+    let relay = Running::start(
+        fast(Relay::builder(pool.clone()))
+            .state(calls.clone())
+            .subscriber("receipts", receipts)
+            .subscriber("search", search),
+    );
+    eventually("the backlog reached both", || async {
+        calls.per_event("receipts").len() == 20 && calls.per_event("search").len() == 20
+    })
+    .await;
+    // The dead letter is still one, and requeued it goes to every subscriber.
+    let listed = outbox_runtime::dead_letters::list(&pool, &DeadFilter::all(), None, 10).await;
+    let listed: Vec<Uuid> = listed.unwrap().into_iter().map(|e| e.event_id).collect();
+    assert_eq!(listed, [dead]);
+    outbox_runtime::dead_letters::requeue(&pool, &DeadFilter::event(dead)).await.unwrap();
+    eventually("the requeued event reached both", || async {
+        calls.per_event("receipts").len() == 21 && calls.per_event("search").len() == 21
+    })
+    .await;
+    relay.stop().await;
+    let all: Vec<Uuid> = pending.iter().copied().chain([dead]).collect();
+    assert!(calls_once_each(&calls, "receipts", &all));
+    assert!(calls_once_each(&calls, "search", &all));
+}
