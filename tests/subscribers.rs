@@ -85,20 +85,24 @@ async fn registered(pool: &PgPool) -> Vec<String> {
         .unwrap()
 }
 
+/// A subscriber that takes every event, recording its calls as `receipts`.
+async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
+    ctx.state().record("receipts", &ctx);
+    Ok(())
+}
+
+/// Another, recording its calls as `search`.
+async fn search(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
+    ctx.state().record("search", &ctx);
+    Ok(())
+}
+
 #[sqlx::test(migrations = false)]
 async fn each_subscriber_gets_every_event_once_and_a_failing_one_repeats_nobody(pool: PgPool) {
     migrated(&pool).await;
     let ids = emit_committed(&pool, &(0..60).map(placed).collect::<Vec<_>>()).await;
     let calls = Calls::default();
 
-    async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("receipts", &ctx);
-        Ok(())
-    }
-    async fn search(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("search", &ctx);
-        Ok(())
-    }
     // Fails each event's first two deliveries.
     async fn flaky(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
         ctx.state().record("flaky", &ctx);
@@ -145,14 +149,6 @@ async fn each_subscriber_gets_every_event_once_and_a_failing_one_repeats_nobody(
 async fn subscribers_in_different_relays_each_get_every_event_once(pool: PgPool) {
     migrated(&pool).await;
     let calls = Calls::default();
-    async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("receipts", &ctx);
-        Ok(())
-    }
-    async fn search(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("search", &ctx);
-        Ok(())
-    }
     let builder = || fast(Relay::builder(pool.clone())).state(calls.clone());
     let first = Running::start(builder().subscriber("receipts", receipts));
     let second = Running::start(builder().subscriber("search", search));
@@ -299,10 +295,6 @@ async fn a_snoozing_subscriber_gets_a_copy_for_later_without_an_attempt(pool: Pg
     migrated(&pool).await;
     let id = emit_committed(&pool, &[placed(1)]).await[0];
     let calls = Calls::default();
-    async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("receipts", &ctx);
-        Ok(())
-    }
     async fn limited(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), Snooze> {
         ctx.state().record("limited", &ctx);
         if ctx.state().of("limited").len() == 1 {
@@ -515,14 +507,6 @@ async fn an_outbox_from_before_subscribers_keeps_its_pending_events_and_dead_let
     migrated(&pool).await;
 
     let calls = Calls::default();
-    async fn receipts(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("receipts", &ctx);
-        Ok(())
-    }
-    async fn search(ctx: EventContext<Calls>, _: OrderPlaced) -> Result<(), HandlerError> {
-        ctx.state().record("search", &ctx);
-        Ok(())
-    }
     let relay = Running::start(
         fast(Relay::builder(pool.clone()))
             .state(calls.clone())
