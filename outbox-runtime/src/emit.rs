@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
-use sqlx::{Postgres, Transaction};
+use sqlx::Transaction;
 use uuid::Uuid;
 
+use crate::backend::Backend;
 use crate::error::{Error, InvalidEvent};
 use crate::event::OutboxEvent;
 use crate::store::Available;
@@ -46,7 +47,7 @@ use crate::{json, store};
 /// [`Error::InvalidEvent`] when the event cannot be stored faithfully (see [`InvalidEvent`]);
 /// nothing is written and `tx` stays usable. [`Error::Database`] when the insert fails.
 pub async fn emit<E: OutboxEvent>(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut Transaction<'_, impl Backend>,
     event: &E,
 ) -> Result<Uuid, Error> {
     emit_with(tx, event, EmitOptions::new()).await
@@ -54,7 +55,7 @@ pub async fn emit<E: OutboxEvent>(
 
 /// [`emit`] with headers or a delay; see [`EmitOptions`].
 pub async fn emit_with<E: OutboxEvent>(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut Transaction<'_, impl Backend>,
     event: &E,
     options: EmitOptions,
 ) -> Result<Uuid, Error> {
@@ -67,7 +68,7 @@ pub async fn emit_with<E: OutboxEvent>(
 /// an enum family) in a single statement, in iteration order; returns their ids in the same
 /// order.
 pub async fn emit_all<'e, E: OutboxEvent + 'e>(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut Transaction<'_, impl Backend>,
     events: impl IntoIterator<Item = &'e E>,
 ) -> Result<Vec<Uuid>, Error> {
     emit_all_with(tx, events, EmitOptions::new()).await
@@ -75,7 +76,7 @@ pub async fn emit_all<'e, E: OutboxEvent + 'e>(
 
 /// [`emit_all`] with the same headers and delay applied to every event.
 pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut Transaction<'_, impl Backend>,
     events: impl IntoIterator<Item = &'e E>,
     options: EmitOptions,
 ) -> Result<Vec<Uuid>, Error> {
@@ -111,7 +112,7 @@ pub async fn emit_all_with<'e, E: OutboxEvent + 'e>(
 /// # Errors
 /// As [`emit`]; [`InvalidEvent::NulCharacter`] for a key holding a NUL character.
 pub async fn emit_idempotent<E: OutboxEvent>(
-    tx: &mut Transaction<'_, Postgres>,
+    tx: &mut Transaction<'_, impl Backend>,
     event: &E,
     key: &str,
     options: EmitOptions,
@@ -123,7 +124,7 @@ pub async fn emit_idempotent<E: OutboxEvent>(
     // The key was stored already (by an earlier emit, or a concurrent one that committed while
     // this insert waited on it): that event stands for this one. It committed before the insert
     // gave up on it, so it is visible.
-    let found = store::event_for_key(tx, E::AGGREGATE_TYPE, key).await?;
+    let found = event_for_key(tx, E::AGGREGATE_TYPE, key).await?;
     Ok(Emitted::Found(found.ok_or(sqlx::Error::RowNotFound)?))
 }
 
@@ -152,10 +153,19 @@ impl Emitted {
     }
 }
 
+/// The event stored under `key`, on `tx`'s backend.
+async fn event_for_key<DB: Backend>(
+    tx: &mut Transaction<'_, DB>,
+    aggregate_type: &str,
+    key: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    DB::event_for_key(tx, aggregate_type, key).await
+}
+
 /// Writes `events` in one statement; returns the ids written, in order. Under `key` (one event),
 /// none if the key was stored already.
-async fn write<'e, E: OutboxEvent + 'e>(
-    tx: &mut Transaction<'_, Postgres>,
+async fn write<'e, DB: Backend, E: OutboxEvent + 'e>(
+    tx: &mut Transaction<'_, DB>,
     events: impl IntoIterator<Item = &'e E>,
     options: EmitOptions,
     key: Option<&str>,
@@ -175,14 +185,18 @@ async fn write<'e, E: OutboxEvent + 'e>(
         // Checked with the first event, so an error names an event type.
         if headers.is_none() {
             headers = Some(json::to_json(&options.headers, "a header").map_err(invalid)?);
-            if key.is_some_and(|key| key.contains('\0')) {
-                return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
+            if let Some(key) = key {
+                if key.contains('\0') {
+                    return Err(invalid(InvalidEvent::NulCharacter("the idempotency key")));
+                }
+                check_length::<DB>("the idempotency key", key).map_err(invalid)?;
             }
         }
         let aggregate_id = event.aggregate_id();
         if aggregate_id.contains('\0') {
             return Err(invalid(InvalidEvent::NulCharacter("the aggregate id")));
         }
+        check_length::<DB>("the aggregate id", &aggregate_id).map_err(invalid)?;
         let payload = event.__payload().map_err(invalid)?;
         rows.push(Uuid::now_v7(), event_type, aggregate_id, payload);
     }
@@ -195,8 +209,22 @@ async fn write<'e, E: OutboxEvent + 'e>(
         available: options.available,
         idempotency_key: key,
     };
-    let inserted = store::insert_events(tx, shared, &rows).await?;
+    let inserted = DB::insert_events(tx, shared, &rows).await?;
     Ok(if key.is_some() { inserted } else { rows.event_ids })
+}
+
+/// Refuses `value` when it is longer than the backend's schema holds.
+fn check_length<DB: Backend>(what: &'static str, value: &str) -> Result<(), InvalidEvent> {
+    // Counting characters is only worth it where bytes could exceed the limit.
+    if value.len() <= DB::MAX_ID_CHARS {
+        return Ok(());
+    }
+    match value.chars().count() {
+        length if length > DB::MAX_ID_CHARS => {
+            Err(InvalidEvent::TooLong { what, length, limit: DB::MAX_ID_CHARS })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Per-emit settings: correlation headers and when the event becomes deliverable.

@@ -115,6 +115,17 @@ pub enum InvalidEvent {
     /// PostgreSQL `text` and `jsonb` cannot store.
     #[error("{0} holds a NUL character, which PostgreSQL cannot store")]
     NulCharacter(&'static str),
+    /// The aggregate id or the idempotency key is longer than the backend's schema holds
+    /// (255 characters on MySQL and MariaDB; PostgreSQL and SQLite have no limit).
+    #[error("{what} is {length} characters long; this database's outbox holds at most {limit}")]
+    TooLong {
+        /// What is too long: `"the aggregate id"` or `"the idempotency key"`.
+        what: &'static str,
+        /// Its length, in characters.
+        length: usize,
+        /// The longest the backend holds.
+        limit: usize,
+    },
     /// The payload or a header nests arrays and objects deeper than the relay can decode
     /// (`serde_json`'s deserializer refuses more than 127 levels, the outermost object counting
     /// as one), whatever the handler's type would have skipped.

@@ -136,6 +136,7 @@ compile_error!(
     "outbox-runtime needs a sqlx: enable the feature `sqlx-0-8` (default) or `sqlx-0-9`"
 );
 
+mod backend;
 #[cfg(feature = "console")]
 pub mod console;
 pub mod dead_letters;
@@ -163,6 +164,7 @@ pub mod subscribers;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use backend::Backend;
 pub use emit::{emit, emit_all, emit_all_with, emit_idempotent, emit_with, EmitOptions, Emitted};
 pub use error::{BoxError, Error, InvalidEvent};
 pub use event::{EventType, OutboxEvent};

@@ -10,6 +10,7 @@ use sqlx::migrate::{MigrateError, Migration, MigrationSource, Migrator};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+use crate::backend::Backend;
 use crate::error::{Error, ErrorChain};
 use crate::store::{self, History};
 
@@ -34,7 +35,15 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// outbox_runtime::migrate(&pool).await?; // the outbox's
 /// # Ok(()) }
 /// ```
-pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+///
+/// On SQLite and MySQL the tables are `outbox_events` and its siblings, in the pool's own
+/// database, and their history is `outbox_migrations`.
+pub async fn migrate<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
+    DB::migrate(pool).await
+}
+
+/// [`migrate`] on PostgreSQL.
+pub(crate) async fn postgres(pool: &PgPool) -> Result<(), Error> {
     store::create_schema(pool).await?;
 
     // The migrator keeps its history in the first schema of the search path; a pool of its

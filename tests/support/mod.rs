@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod accounts;
+pub mod backends;
 pub mod browser;
 pub mod console;
 pub mod counting;

@@ -1,62 +1,11 @@
 //! Writing events: the one insert statement behind every `emit`.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{micros, Query, Scalar};
-use crate::event::EventType;
-
-/// When an emitted event becomes deliverable.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) enum Available {
-    /// At the emitting transaction's start time (`now()`).
-    #[default]
-    Now,
-    /// That long after `now()`, measured by the database clock.
-    After(Duration),
-    /// At that instant.
-    At(DateTime<Utc>),
-}
-
-/// Column-wise rows for one multi-row insert.
-#[derive(Default)]
-pub(crate) struct NewEvents {
-    pub(crate) event_ids: Vec<Uuid>,
-    aggregate_ids: Vec<String>,
-    payloads: Vec<String>,
-    event_types: Vec<&'static str>,
-    versions: Vec<i32>,
-    ordered: Vec<bool>,
-}
-
-impl NewEvents {
-    pub(crate) fn push(
-        &mut self,
-        event_id: Uuid,
-        event_type: &'static EventType,
-        aggregate_id: String,
-        payload: String,
-    ) {
-        self.event_ids.push(event_id);
-        self.aggregate_ids.push(aggregate_id);
-        self.payloads.push(payload);
-        self.event_types.push(event_type.name());
-        // Versions above i32::MAX cannot be declared (the derive checks), nor stored.
-        self.versions.push(i32::try_from(event_type.version()).unwrap_or(i32::MAX));
-        self.ordered.push(event_type.ordered());
-    }
-}
-
-/// What one insert statement shares across its rows.
-pub(crate) struct InsertShared<'a> {
-    pub(crate) aggregate_type: &'static str,
-    pub(crate) headers: &'a str,
-    pub(crate) available: Available,
-    pub(crate) idempotency_key: Option<&'a str>,
-}
+use crate::store::{Available, InsertShared, NewEvents};
 
 /// The single-row insert of one unordered event, followed by `$tail`.
 macro_rules! insert_one {

@@ -200,8 +200,8 @@ pub(super) fn drain_query(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::parameters;
     use super::*;
-    use crate::store::tests::parameters;
     use crate::store::TypeVersions;
 
     #[test]

@@ -1,0 +1,161 @@
+//! Writing events on MySQL and MariaDB.
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{MySql, MySqlConnection};
+use uuid::Uuid;
+
+use crate::store::{built, micros, Available, InsertShared, NewEvents};
+
+/// The longest aggregate id and idempotency key the schema's `VARCHAR(255)` columns hold.
+pub(super) const MAX_ID_CHARS: usize = 255;
+
+/// Rows per insert statement: each binds 11 values, and a statement takes at most 65,535.
+const ROWS_PER_INSERT: usize = 1000;
+const _: () = assert!(ROWS_PER_INSERT * 11 <= 65_535);
+
+/// The start of the insert; each row follows as [`ROW`].
+const INSERT: &str = "\
+    INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, \
+                               event_version, payload, headers, available_at, ordered, \
+                               idempotency_key) VALUES ";
+
+/// One row's values: an instant, or a delay in microseconds after now.
+const ROW: &str =
+    "(?, ?, ?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?)";
+
+/// Inserts the rows; returns the ids inserted (an idempotency key stored already inserts
+/// nothing).
+///
+/// Ordered events first take their aggregates' rows in `outbox_aggregate_locks`, in key order,
+/// until the transaction ends: two transactions writing ordered events of one aggregate then
+/// draw their `seq` in the order they commit, as PostgreSQL's advisory lock makes them.
+pub(super) async fn insert_events(
+    conn: &mut MySqlConnection,
+    shared: InsertShared<'_>,
+    rows: &NewEvents,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    lock_ordered_aggregates(conn, shared.aggregate_type, rows).await?;
+    let (at, delay) = match shared.available {
+        Available::Now => (None, 0),
+        Available::After(delay) => (None, micros(delay)),
+        Available::At(at) => (Some(at), 0),
+    };
+    let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
+    for chunk in indices.chunks(ROWS_PER_INSERT) {
+        let sql = insert_sql(chunk.len(), shared.idempotency_key.is_some());
+        let mut query = sqlx::query(built(&sql));
+        for &i in chunk {
+            query = bind_row(query, &shared, rows, i, at, delay);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    let Some(key) = shared.idempotency_key else {
+        return Ok(rows.event_ids.clone());
+    };
+    // MySQL has no `RETURNING`, and sqlx's connections count a row found by ON DUPLICATE KEY as
+    // affected: the key's row tells whether the insert was this one.
+    let stored = event_for_key(conn, shared.aggregate_type, key).await?;
+    Ok(rows.event_ids.iter().copied().filter(|id| Some(*id) == stored).collect())
+}
+
+/// The insert of `rows` rows; with a key, a row whose key is stored already is left alone (not
+/// `INSERT IGNORE`, which would also turn a refused value into a warning).
+fn insert_sql(rows: usize, keyed: bool) -> String {
+    let mut sql = String::with_capacity(INSERT.len() + rows * (ROW.len() + 2) + 40);
+    sql.push_str(INSERT);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(ROW);
+    }
+    if keyed {
+        sql.push_str(" ON DUPLICATE KEY UPDATE seq = seq");
+    }
+    sql
+}
+
+fn bind_row<'q>(
+    query: Query<'q, MySql, MySqlArguments>,
+    shared: &InsertShared<'q>,
+    rows: &'q NewEvents,
+    i: usize,
+    at: Option<DateTime<Utc>>,
+    delay: i64,
+) -> Query<'q, MySql, MySqlArguments> {
+    query
+        .bind(rows.event_ids[i])
+        .bind(shared.aggregate_type)
+        .bind(&rows.aggregate_ids[i])
+        .bind(rows.event_types[i])
+        .bind(rows.versions[i])
+        .bind(&rows.payloads[i])
+        .bind(shared.headers)
+        .bind(at)
+        .bind(delay)
+        .bind(rows.ordered[i])
+        .bind(shared.idempotency_key)
+}
+
+/// Takes the lock rows of the aggregates of `rows`' ordered events, in key order (so two
+/// batches cannot deadlock each other), inserting those that are new.
+async fn lock_ordered_aggregates(
+    conn: &mut MySqlConnection,
+    aggregate_type: &str,
+    rows: &NewEvents,
+) -> Result<(), sqlx::Error> {
+    let mut ids: Vec<&str> = (rows.ordered.iter().zip(&rows.aggregate_ids))
+        .filter(|(ordered, _)| **ordered)
+        .map(|(_, id)| id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let mut sql =
+        String::from("INSERT INTO outbox_aggregate_locks (aggregate_type, aggregate_id) VALUES ");
+    for i in 0..ids.len() {
+        sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
+    }
+    // A duplicate key takes the existing row's exclusive lock.
+    sql.push_str(" ON DUPLICATE KEY UPDATE aggregate_id = aggregate_id");
+    let mut query = sqlx::query(built(&sql));
+    for id in ids {
+        query = query.bind(aggregate_type).bind(id);
+    }
+    query.execute(conn).await?;
+    Ok(())
+}
+
+/// The event stored under an idempotency key, read with a lock: the newest committed row, not
+/// the transaction's snapshot, which may predate the commit the insert waited for.
+pub(super) async fn event_for_key(
+    conn: &mut MySqlConnection,
+    aggregate_type: &str,
+    idempotency_key: &str,
+) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT event_id FROM outbox_events WHERE aggregate_type = ? AND idempotency_key = ? \
+         FOR UPDATE",
+    )
+    .bind(aggregate_type)
+    .bind(idempotency_key)
+    .fetch_optional(conn)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_row_binds_the_values_its_placeholders_name() {
+        let sql = insert_sql(3, true);
+        assert_eq!(sql.matches('?').count(), 3 * 11);
+        assert!(sql.ends_with("ON DUPLICATE KEY UPDATE seq = seq"));
+        assert_eq!(ROW.matches('?').count(), 11);
+    }
+}

@@ -1,0 +1,92 @@
+//! Applying the MySQL and MariaDB migrations, with their history in `outbox_migrations`.
+
+use std::time::Duration;
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{Executor, MySqlConnection, MySqlPool};
+
+use crate::error::Error;
+
+/// The MySQL and MariaDB migrations, embedded at compile time.
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations-mysql");
+
+/// The start of the named lock that makes concurrent migrators of one database take turns.
+const LOCK: &str = "outbox_migrate:";
+
+/// How long a migrator waits for another to finish.
+const LOCK_WAIT: Duration = Duration::from_secs(300);
+
+/// Applies the migrations the database lacks, under a named lock (`GET_LOCK`; the names are the
+/// server's, so this one ends with the database's): a second migrator waits for it and then finds them applied. MySQL commits each
+/// `CREATE` by itself, so each migration is recorded right after it ran; its statements are
+/// written to be run again should a migrator die between the two (`IF NOT EXISTS`). The history
+/// is a table of the outbox's own, apart from the application's `_sqlx_migrations`.
+pub(super) async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
+    let mut conn = pool.acquire().await?;
+    // Lock names are at most 64 characters; database names too.
+    let lock: String = format!("{LOCK}{}", database(&mut conn).await?).chars().take(64).collect();
+    let got: Option<i32> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+        .bind(&lock)
+        .bind(LOCK_WAIT.as_secs())
+        .fetch_one(&mut *conn)
+        .await?;
+    if got != Some(1) {
+        return Err(MigrateError::Execute(sqlx::Error::Protocol(format!(
+            "another migrator held the lock `{lock}` for {LOCK_WAIT:?}: is one stuck?"
+        )))
+        .into());
+    }
+    let applied = apply(&mut conn).await;
+    let released = sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock).execute(&mut *conn).await;
+    applied?;
+    released?;
+    Ok(())
+}
+
+/// The database the connection uses.
+async fn database(conn: &mut MySqlConnection) -> Result<String, sqlx::Error> {
+    let name: Option<String> = sqlx::query_scalar("SELECT DATABASE()").fetch_one(conn).await?;
+    name.ok_or_else(|| {
+        sqlx::Error::Configuration(
+            "the pool's connections use no database: name one in the URL, as in \
+             mysql://user@host/app"
+                .into(),
+        )
+    })
+}
+
+async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS outbox_migrations ( \
+             version     BIGINT       NOT NULL PRIMARY KEY, \
+             description VARCHAR(255) NOT NULL, \
+             checksum    VARBINARY(64) NOT NULL, \
+             applied_at  DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)) \
+         ) ENGINE = InnoDB",
+    )
+    .await?;
+    let applied: Vec<(i64, Vec<u8>)> =
+        sqlx::query_as("SELECT version, checksum FROM outbox_migrations")
+            .fetch_all(&mut *conn)
+            .await?;
+    for migration in MIGRATOR.iter() {
+        match applied.iter().find(|(version, _)| *version == migration.version) {
+            Some((_, checksum)) if **checksum != *migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version).into());
+            }
+            Some(_) => continue,
+            None => {}
+        }
+        let sql: &'static str = migration.sql.as_ref();
+        conn.execute(sql).await?;
+        sqlx::query(
+            "INSERT INTO outbox_migrations (version, description, checksum) VALUES (?, ?, ?)",
+        )
+        .bind(migration.version)
+        .bind(migration.description.as_ref())
+        .bind(migration.checksum.as_ref())
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
