@@ -102,6 +102,28 @@ macro_rules! backend_suite {
             }
 
             #[tokio::test]
+            async fn check_schema_tells_a_database_without_the_outbox_and_an_edited_history() {
+                let (guard, pool) = $setup;
+                let missing = outbox_runtime::check_schema(&pool).await.unwrap_err();
+                assert!(matches!(missing, Error::SchemaMissing), "{missing:?}");
+                outbox_runtime::migrate(&pool).await.unwrap();
+                outbox_runtime::check_schema(&pool).await.unwrap();
+
+                // A migration edited after it was applied is refused, not applied again.
+                sqlx::query("UPDATE outbox_migrations SET checksum = X'00'")
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                let edited = outbox_runtime::migrate(&pool).await.unwrap_err();
+                assert!(
+                    matches!(edited, Error::Migrate(sqlx::migrate::MigrateError::VersionMismatch(_))),
+                    "{edited:?}"
+                );
+                pool.close().await;
+                $teardown(guard).await;
+            }
+
+            #[tokio::test]
             async fn an_event_is_written_with_its_transaction_and_the_reference_columns() {
                 let (guard, pool) = $setup;
                 outbox_runtime::migrate(&pool).await.unwrap();

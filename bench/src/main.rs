@@ -9,7 +9,8 @@
 //! ordering, baselines, steady, history, memory, forward_nats, forward_rabbitmq, forward_redis,
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
-//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; and issue #24's inbox and subscribers). Ratios are computed within each run, then their
+//! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; issue #24's inbox and
+//! subscribers; issue #25's emit_sqlite and emit_mysql, on SQLite and MariaDB). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -19,6 +20,7 @@
 //! `--report PATH`, by default `target/bench-scale-report.txt`.
 
 mod after_drain;
+mod backends;
 mod bare;
 mod baseline;
 mod batch;
@@ -479,6 +481,22 @@ async fn main() {
             s.add("subscribers emit none tx/s", none);
             s.add("subscribers emit 3 tx/s", three);
             s.add("subscribers emit 3 vs none", none / three);
+        }
+
+        // 10e. emit on the other backends (issue #25), against the bare INSERT of the same row.
+        if args.runs("emit_sqlite") {
+            let rates = backends::sqlite(secs, 3, run % 2 == 0).await;
+            s.add("emit_sqlite emit tx/s", rates.emit / 3.0);
+            s.add("emit_sqlite bare tx/s", rates.bare / 3.0);
+            s.add("emit_sqlite bare vs emit", rates.bare / rates.emit);
+            s.add("emit_sqlite emit_all events/s", rates.emit_all);
+        }
+        if args.runs("emit_mysql") {
+            let rates = backends::mysql(secs, 3, run % 2 == 0).await;
+            s.add("emit_mysql emit tx/s", rates.emit / 3.0);
+            s.add("emit_mysql bare tx/s", rates.bare / 3.0);
+            s.add("emit_mysql bare vs emit", rates.bare / rates.emit);
+            s.add("emit_mysql emit_all events/s", rates.emit_all);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.
@@ -1265,6 +1283,32 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("subscribers one handler events/s")
             ),
             target(m("subscribers 3 in 1 vs 3 of one") >= 1.0, "≥ 1x"),
+        ),
+        (
+            "SQLite: bare INSERT of the same row vs emit, 1 producer, 1 UPDATE per tx, 3 \
+             rounds each, alternating; emit_all of 100"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} tx/s); {:.0} events/s",
+                m("emit_sqlite bare vs emit"),
+                m("emit_sqlite bare tx/s"),
+                m("emit_sqlite emit tx/s"),
+                m("emit_sqlite emit_all events/s")
+            ),
+            target(m("emit_sqlite bare vs emit") <= 1.1, "≤ 1.1x"),
+        ),
+        (
+            "MariaDB: bare INSERT of the same row vs emit, 8 producers, 1 UPDATE per tx, 3 \
+             rounds each, alternating; emit_all of 100"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} tx/s); {:.0} events/s",
+                m("emit_mysql bare vs emit"),
+                m("emit_mysql bare tx/s"),
+                m("emit_mysql emit tx/s"),
+                m("emit_mysql emit_all events/s")
+            ),
+            target(m("emit_mysql bare vs emit") <= 1.1, "≤ 1.1x"),
         ),
         (
             "subscribers: emit overhead with 3 subscribers registered vs none (8 producers)".into(),

@@ -127,7 +127,15 @@ impl fmt::Display for SchemaVersion {
 ///
 /// The relay role needs `SELECT (version, success)` on the history, which
 /// `docs/least-privilege.sql` grants.
-pub async fn check_schema(pool: &PgPool) -> Result<(), Error> {
+///
+/// On SQLite and MySQL the history is `outbox_migrations`, which [`migrate`] writes, and a
+/// database without `outbox_events` is [`Error::SchemaMissing`].
+pub async fn check_schema<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), Error> {
+    DB::check_schema(pool).await
+}
+
+/// [`check_schema`] on PostgreSQL.
+pub(crate) async fn check_postgres(pool: &PgPool) -> Result<(), Error> {
     let found = store::find_schema(pool).await?;
     if !found.events {
         return Err(Error::SchemaMissing);
@@ -148,7 +156,22 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), Error> {
             Error::from(cause)
         }
     })?;
-    match compare(&known(), &applied, history) {
+    judge(compare(&known(&MIGRATOR), &applied, history), history.table())
+}
+
+/// [`check_schema`] for a backend whose history is the outbox's own: `applied`, or `None` when
+/// the database has no outbox table.
+pub(crate) fn check_own_history(
+    migrator: &'static Migrator,
+    applied: Option<&[i64]>,
+) -> Result<(), Error> {
+    let applied = applied.ok_or(Error::SchemaMissing)?;
+    judge(compare(&known(migrator), applied, History::Outbox), "outbox_migrations")
+}
+
+/// What a comparison of the history with this version's migrations means for the caller.
+fn judge(verdict: Verdict, table: &'static str) -> Result<(), Error> {
+    match verdict {
         Verdict::Current => Ok(()),
         Verdict::Outdated { applied, needed } => Err(Error::SchemaOutdated { applied, needed }),
         Verdict::Newer { count, newest } => {
@@ -162,7 +185,7 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), Error> {
         }
         Verdict::Unrelated => {
             tracing::debug!(
-                table = history.table(),
+                table,
                 "the migration history holds none of the outbox's migrations: not checked"
             );
             Ok(())
@@ -176,7 +199,7 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), Error> {
 pub(crate) async fn await_schema(pool: &PgPool) -> Result<(), Error> {
     let mut retry = Duration::from_millis(100);
     loop {
-        match check_schema(pool).await {
+        match check_postgres(pool).await {
             Err(Error::Database(error)) => {
                 tracing::warn!(error = %ErrorChain(&error), retry_in = ?retry, "cannot check the outbox schema");
             }
@@ -190,9 +213,9 @@ pub(crate) async fn await_schema(pool: &PgPool) -> Result<(), Error> {
 /// SQLSTATE `insufficient_privilege`.
 const PERMISSION_DENIED: &str = "42501";
 
-/// This version's migrations, oldest first.
-fn known() -> Vec<SchemaVersion> {
-    let mut known: Vec<SchemaVersion> = MIGRATOR
+/// This version's migrations of `migrator`, oldest first.
+fn known(migrator: &'static Migrator) -> Vec<SchemaVersion> {
+    let mut known: Vec<SchemaVersion> = migrator
         .iter()
         .filter(|migration| !migration.migration_type.is_down_migration())
         .map(|migration| SchemaVersion {
@@ -289,7 +312,7 @@ mod tests {
 
     #[test]
     fn the_embedded_migrations_are_known_oldest_first() {
-        let known = known();
+        let known = known(&MIGRATOR);
         assert!(known.len() >= 5, "{known:?}");
         assert!(known.windows(2).all(|pair| pair[0].version < pair[1].version), "{known:?}");
         let expired = known.iter().find(|m| m.version == 20261201000001).unwrap();

@@ -45,6 +45,9 @@ pub trait Store: sqlx::Database {
 
     /// Creates or upgrades the outbox's tables.
     fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Checks that the tables have every migration this version needs.
+    fn check_schema(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// A statement built at run time, for sqlx (0.9 asks that it be marked). Only its shape is

@@ -33,4 +33,8 @@ impl Store for MySql {
     async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
         schema::migrate(pool).await
     }
+
+    async fn check_schema(pool: &MySqlPool) -> Result<(), Error> {
+        schema::check(pool).await
+    }
 }

@@ -90,3 +90,18 @@ async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
     }
     Ok(())
 }
+
+/// Checks the history against this version's migrations (see `crate::check_schema`).
+pub(super) async fn check(pool: &MySqlPool) -> Result<(), Error> {
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'outbox_events')",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !exists {
+        return crate::migrate::check_own_history(&MIGRATOR, None);
+    }
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM outbox_migrations").fetch_all(pool).await?;
+    crate::migrate::check_own_history(&MIGRATOR, Some(&applied))
+}

@@ -150,6 +150,10 @@ impl super::Store for Postgres {
     async fn migrate(pool: &sqlx::PgPool) -> Result<(), crate::Error> {
         crate::migrate::postgres(pool).await
     }
+
+    async fn check_schema(pool: &sqlx::PgPool) -> Result<(), crate::Error> {
+        crate::migrate::check_postgres(pool).await
+    }
 }
 
 #[cfg(test)]

@@ -38,4 +38,8 @@ impl Store for Sqlite {
     async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
         schema::migrate(pool).await
     }
+
+    async fn check_schema(pool: &SqlitePool) -> Result<(), Error> {
+        schema::check(pool).await
+    }
 }

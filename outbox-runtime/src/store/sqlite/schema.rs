@@ -51,3 +51,18 @@ pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
     tx.commit().await?;
     Ok(())
 }
+
+/// Checks the history against this version's migrations (see `crate::check_schema`).
+pub(super) async fn check(pool: &SqlitePool) -> Result<(), Error> {
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events')",
+    )
+    .fetch_one(pool)
+    .await?;
+    if !exists {
+        return crate::migrate::check_own_history(&MIGRATOR, None);
+    }
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM outbox_migrations").fetch_all(pool).await?;
+    crate::migrate::check_own_history(&MIGRATOR, Some(&applied))
+}
