@@ -17,7 +17,8 @@ such dead event, ...), 2 on a usage error. Errors go to stderr, as text even wit
 With --json, every command prints one JSON document on stdout; its fields are listed in the \
 command's --help. Timestamps are RFC 3339 strings in UTC, durations are seconds (numbers).")]
 pub struct Cli {
-    /// PostgreSQL URL: postgres://user@host:port/db
+    /// Database URL: postgres://user@host:port/db (sqlite://file.db and mysql://user@host/db:
+    /// migrate only, so far)
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
     pub database_url: Option<String>,
 

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use crate::cli::{
     Command, DeadCommand, EventCommand, InboxCommand, ListArgs, Selector, SubscribersCommand,
 };
+use crate::connect::Database;
 use crate::error::Failure;
 
 /// Handled inbox records `outbox inbox purge` deletes per statement.
@@ -100,10 +101,29 @@ pub enum Report {
     },
 }
 
+/// Runs `command` against the database: every command on PostgreSQL, `migrate` alone on SQLite
+/// and MySQL so far.
+pub async fn run(database: &Database, command: &Command) -> Result<Report, Failure> {
+    let backend = match (database, command) {
+        (Database::Postgres(pool), _) => return run_on_postgres(pool, command).await,
+        (Database::Sqlite(pool), Command::Migrate) => {
+            outbox_runtime::migrate(pool).await?;
+            return Ok(Report::Migrated);
+        }
+        (Database::MySql(pool), Command::Migrate) => {
+            outbox_runtime::migrate(pool).await?;
+            return Ok(Report::Migrated);
+        }
+        (Database::Sqlite(_), _) => "SQLite",
+        (Database::MySql(_), _) => "MySQL",
+    };
+    Err(Failure::PostgresOnly { backend })
+}
+
 /// Runs `command` against `pool`. Every command but `migrate` first checks that the schema has
 /// the migrations this version needs: against an outdated one it says to migrate, instead of
 /// failing on a missing column (or, for `forward`, retrying one).
-pub async fn run(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
+async fn run_on_postgres(pool: &PgPool, command: &Command) -> Result<Report, Failure> {
     if !matches!(command, Command::Migrate) {
         outbox_runtime::check_schema(pool).await?;
     }

@@ -11,7 +11,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::error::Failure;
@@ -20,9 +22,116 @@ use crate::percent;
 /// How long to wait for the database before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Parses `url` and connects to it.
-pub async fn connect(url: Option<&str>) -> Result<PgPool, Failure> {
+/// The outbox's database, as the URL's scheme names it.
+pub enum Database {
+    /// `postgres://`: every command.
+    Postgres(PgPool),
+    /// `sqlite://`: `migrate` so far.
+    Sqlite(SqlitePool),
+    /// `mysql://` (MySQL or MariaDB): `migrate` so far.
+    MySql(MySqlPool),
+}
+
+impl Database {
+    pub async fn close(&self) {
+        match self {
+            Database::Postgres(pool) => pool.close().await,
+            Database::Sqlite(pool) => pool.close().await,
+            Database::MySql(pool) => pool.close().await,
+        }
+    }
+}
+
+/// Parses `url` and connects to the database it names.
+pub async fn connect(url: Option<&str>) -> Result<Database, Failure> {
     let url = url.filter(|url| !url.trim().is_empty()).ok_or(Failure::NoDatabaseUrl)?;
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("sqlite") => connect_sqlite(url).await.map(Database::Sqlite),
+        Some("mysql" | "mariadb") => connect_mysql(url).await.map(Database::MySql),
+        _ => connect_postgres(url).await.map(Database::Postgres),
+    }
+}
+
+/// A SQLite file (`sqlite://path`, `?mode=rwc` to create it). Its path is no secret.
+async fn connect_sqlite(url: &str) -> Result<SqlitePool, Failure> {
+    let options = SqliteConnectOptions::from_str(url)
+        .map_err(|error| Failure::MalformedUrl { reason: configuration(&error) })?;
+    let target = options.get_filename().display().to_string();
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(|error| Failure::Unreachable {
+            target,
+            reason: format!(
+                "{} (does its directory exist? `?mode=rwc` creates a missing file)",
+                reason(&error)
+            ),
+        })
+}
+
+/// A MySQL or MariaDB server (`mysql://user@host:port/db`; `mariadb://` is read as `mysql://`).
+/// As with PostgreSQL, what an error quotes of the URL is checked with the password redacted.
+async fn connect_mysql(url: &str) -> Result<MySqlPool, Failure> {
+    let url = url.strip_prefix("mariadb").map_or(url.to_owned(), |rest| format!("mysql{rest}"));
+    let rest = &url["mysql://".len()..];
+    if let Err(error) = MySqlConnectOptions::from_str(&redacted("mysql", rest, &url)) {
+        return Err(Failure::MalformedUrl { reason: configuration(&error) });
+    }
+    let options = MySqlConnectOptions::from_str(&url).map_err(|_| Failure::MalformedUrl {
+        reason: "the password is not valid percent-encoded UTF-8".to_owned(),
+    })?;
+    let target = format!("{}:{}", host_of(rest), port_of(rest).unwrap_or(3306));
+    let unreachable = |reason| Failure::Unreachable { target: target.clone(), reason };
+    // A probe first, as for PostgreSQL: it says why a connection fails, the pool only that it
+    // timed out.
+    let probe = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
+        .await
+        .map_err(|_| unreachable(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+        .map_err(|error| unreachable(reason(&error)))?;
+    let _ = probe.close().await;
+    MySqlPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(|error| unreachable(reason(&error)))
+}
+
+/// The URL `scheme://rest` with the password, if any, replaced by `redacted`.
+fn redacted(scheme: &str, rest: &str, url: &str) -> String {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:redacted@{}", &rest[userinfo.len() + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The host of `user@host:port/db`.
+fn host_of(rest: &str) -> &str {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    host_port.rsplit_once(':').map_or(host_port, |(host, _)| host)
+}
+
+/// The port of `user@host:port/db`, if it names one.
+fn port_of(rest: &str) -> Option<u16> {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok())
+}
+
+/// A configuration error's text, without sqlx's prefix.
+fn configuration(error: &sqlx::Error) -> String {
+    error.to_string().trim_start_matches("error with configuration: ").to_owned()
+}
+
+/// Parses a `postgres://` URL and connects to it.
+async fn connect_postgres(url: &str) -> Result<PgPool, Failure> {
     let options = parse(url)?;
     // One connection first, outside the pool: the pool retries a refused connection until its
     // timeout and then reports only the timeout, while this reports why.
@@ -76,21 +185,14 @@ fn reason(error: &sqlx::Error) -> String {
 fn parse(url: &str) -> Result<PgConnectOptions, Failure> {
     let malformed = |reason: &str| Failure::MalformedUrl { reason: reason.to_owned() };
     let Some(("postgres" | "postgresql", rest)) = url.split_once("://") else {
-        return Err(malformed("it must start with postgres:// or postgresql://"));
+        return Err(malformed(
+            "it must start with postgres://, postgresql://, sqlite:// or mysql://",
+        ));
     };
     // sqlx's messages can quote parts of the URL (a query value), so the URL is first checked
     // with its password replaced: whatever that reports cannot hold the password.
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let redacted = match authority.rsplit_once('@') {
-        Some((userinfo, _)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("postgres://{user}:redacted@{}", &rest[userinfo.len() + 1..])
-        }
-        _ => url.to_owned(),
-    };
-    if let Err(error) = PgConnectOptions::from_str(&redacted) {
-        let reason = error.to_string();
-        return Err(malformed(reason.trim_start_matches("error with configuration: ")));
+    if let Err(error) = PgConnectOptions::from_str(&redacted("postgres", rest, url)) {
+        return Err(malformed(&configuration(&error)));
     }
     let options = PgConnectOptions::from_str(url)
         .map_err(|_| malformed("the password is not valid percent-encoded UTF-8"))?;

@@ -6,7 +6,8 @@ use outbox_runtime::SchemaVersion;
 use uuid::Uuid;
 
 /// The expected shape of a database URL, quoted in errors about it.
-const URL_FORM: &str = "postgres://user@host:port/db";
+const URL_FORM: &str =
+    "postgres://user@host:port/db (or sqlite://file.db, mysql://user@host:port/db)";
 
 /// A failed command. Its `Display` is the whole message, without the leading `error: `.
 #[derive(Debug)]
@@ -76,6 +77,11 @@ pub enum Failure {
     ConsoleServe(std::io::Error),
     /// `outbox forward` cannot reach or use its broker as configured.
     Forward(String),
+    /// The command needs PostgreSQL: on SQLite and MySQL the CLI runs `migrate` so far.
+    PostgresOnly {
+        /// The database the URL names.
+        backend: &'static str,
+    },
     /// Anything else the runtime reported.
     Outbox(outbox_runtime::Error),
 }
@@ -115,6 +121,11 @@ impl fmt::Display for Failure {
             Failure::Unreachable { target, reason } => {
                 write!(f, "could not connect to the database at {target}: {reason}")
             }
+            Failure::PostgresOnly { backend } => write!(
+                f,
+                "this command runs on PostgreSQL only so far; on {backend}, `outbox migrate` is \
+                 the one the CLI has (the rest follow, with the relay: issue #25)"
+            ),
             Failure::SchemaMissing => {
                 write!(f, "the outbox schema is missing: run `outbox migrate`")
             }

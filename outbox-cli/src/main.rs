@@ -12,7 +12,8 @@
 //! outbox console [--bind ADDR] [--read-only]      the operations console in the browser
 //! ```
 //!
-//! The database is `--database-url postgres://user@host:port/db`, or `DATABASE_URL`.
+//! The database is `--database-url postgres://user@host:port/db`, or `DATABASE_URL`; on
+//! `sqlite://file.db` and `mysql://user@host:port/db`, `migrate` so far.
 //! `requeue` and `discard` refuse to run without a selector: acting on every dead event takes
 //! an explicit `--all`. Naming one event that is not dead is an error; a filter that matches
 //! nothing is not.
@@ -66,9 +67,9 @@ async fn run(cli: &Cli) -> Result<String, Failure> {
     if let Command::Console(args) = &cli.command {
         console::check(args)?;
     }
-    let pool = connect::connect(cli.database_url.as_deref()).await?;
-    let report = commands::run(&pool, &cli.command).await;
-    pool.close().await;
+    let database = connect::connect(cli.database_url.as_deref()).await?;
+    let report = commands::run(&database, &cli.command).await;
+    database.close().await;
     let report = report?;
     Ok(if cli.json { format!("{:#}\n", output::json(&report)) } else { output::human(&report) })
 }

@@ -760,7 +760,7 @@ async fn schema_newer_than_the_cli_is_used(pool: PgPool) {
 fn malformed_url_shows_the_expected_form_and_never_the_password() {
     for url in [
         "postgres://admin:hunter2@db.internal:notaport/app",
-        "mysql://admin:hunter2@db.internal/app",
+        "mysql://admin:hunter2@db.internal:notaport/app",
         "admin:hunter2@db.internal",
         "postgres://admin:hunter2@db.internal/app?sslmode=bogus",
     ] {
@@ -769,6 +769,60 @@ fn malformed_url_shows_the_expected_form_and_never_the_password() {
         assert!(stderr.contains("postgres://user@host:port/db"), "{url}: {stderr}");
         assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn migrate_on_sqlite_and_the_other_commands_say_they_need_postgresql() {
+    let dir = std::env::temp_dir().join(format!("outbox-cli-{}", Uuid::new_v4()));
+    std::fs::create_dir(&dir).unwrap();
+    let file = dir.join("app.db");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    assert_eq!(
+        outbox_raw(&["--database-url", &url, "migrate", "--json"]).json(),
+        json!({ "migrated": true })
+    );
+    outbox_raw(&["--database-url", &url, "migrate"]).ok();
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    outbox_runtime::check_schema(&pool).await.expect("migrated by the CLI");
+    pool.close().await;
+
+    let stderr = outbox_raw(&["--database-url", &url, "status"]).fails(1);
+    assert!(stderr.contains("runs on PostgreSQL only so far; on SQLite"), "{stderr}");
+    let missing = format!("sqlite://{}/none/app.db", dir.display());
+    let stderr = outbox_raw(&["--database-url", &missing, "migrate"]).fails(1);
+    assert!(stderr.contains("does its directory exist?"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn migrate_on_mysql_and_a_refused_password_is_never_echoed() {
+    let server =
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into());
+    let admin = sqlx::MySqlPool::connect(&server).await.unwrap();
+    let name = format!("outbox_cli_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx_static(format!("CREATE DATABASE {name}"))).execute(&admin).await.unwrap();
+    let url = format!("{server}/{name}");
+    outbox_raw(&["--database-url", &url, "migrate"]).ok();
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    outbox_runtime::check_schema(&pool).await.expect("migrated by the CLI");
+    pool.close().await;
+    let stderr = outbox_raw(&["--database-url", &url, "dead", "list"]).fails(1);
+    assert!(stderr.contains("runs on PostgreSQL only so far; on MySQL"), "{stderr}");
+
+    let refused = "mysql://nobody:hunter2@127.0.0.1:3306/app";
+    let stderr = outbox_raw(&["--database-url", refused, "migrate"]).fails(1);
+    assert!(
+        stderr.starts_with("error: could not connect to the database at 127.0.0.1:3306"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    sqlx::query(sqlx_static(format!("DROP DATABASE {name}"))).execute(&admin).await.unwrap();
+    admin.close().await;
+}
+
+/// SQL built at run time, as sqlx 0.8 and 0.9 both take it.
+fn sqlx_static(sql: String) -> &'static str {
+    Box::leak(sql.into_boxed_str())
 }
 
 #[test]
