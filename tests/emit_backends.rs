@@ -290,6 +290,41 @@ mod mysql_only {
     use super::*;
 
     #[tokio::test]
+    async fn the_key_lookup_uses_its_index_whatever_the_statistics() {
+        let (database, pool) = mysql().await;
+        outbox_runtime::migrate(&pool).await.unwrap();
+        // Statistics of an empty outbox, then a backlog the planner has not seen.
+        sqlx::query("ANALYZE TABLE outbox_events").execute(&pool).await.unwrap();
+        let events: Vec<OrderPlaced> = (0..5_000).map(placed).collect();
+        let mut tx = pool.begin().await.unwrap();
+        emit_all(&mut tx, &events).await.unwrap();
+        // A key that is there: for one that is not, the unique index answers while planning.
+        let keyed = emit_idempotent(&mut tx, &placed(1), "k", EmitOptions::new()).await.unwrap();
+        assert!(keyed.is_written());
+        tx.commit().await.unwrap();
+        for analyzed in [false, true] {
+            if analyzed {
+                sqlx::query("ANALYZE TABLE outbox_events").execute(&pool).await.unwrap();
+            }
+            let plan = sqlx::query(
+                "EXPLAIN SELECT event_id FROM outbox_events \
+                 WHERE aggregate_type = 'order' AND idempotency_key = 'k' FOR UPDATE",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            let key: Option<String> = sqlx::Row::get(&plan, "key");
+            assert_eq!(
+                key.as_deref(),
+                Some("outbox_events_idempotency_key"),
+                "analyzed {analyzed}"
+            );
+        }
+        pool.close().await;
+        database.drop_it().await;
+    }
+
+    #[tokio::test]
     async fn an_id_longer_than_the_schema_holds_is_refused_before_writing() {
         let (database, pool) = mysql().await;
         outbox_runtime::migrate(&pool).await.unwrap();
@@ -422,6 +457,39 @@ mod mysql_only {
 /// What only SQLite has: a second process on the same file.
 mod sqlite_only {
     use super::*;
+
+    #[tokio::test]
+    async fn the_key_lookup_uses_its_index_whatever_the_statistics() {
+        let file = SqliteFile::new();
+        let pool = file.pool().await;
+        outbox_runtime::migrate(&pool).await.unwrap();
+        // Statistics of an empty outbox, then a backlog the planner has not seen.
+        sqlx::query("ANALYZE").execute(&pool).await.unwrap();
+        let events: Vec<OrderPlaced> = (0..5_000).map(placed).collect();
+        let mut tx = pool.begin().await.unwrap();
+        emit_all(&mut tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+        for analyzed in [false, true] {
+            if analyzed {
+                sqlx::query("ANALYZE").execute(&pool).await.unwrap();
+            }
+            let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+                "EXPLAIN QUERY PLAN SELECT event_id FROM outbox_events \
+                 WHERE aggregate_type = ?1 AND idempotency_key = ?2",
+            )
+            .bind("order")
+            .bind("k")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let details: Vec<&str> = plan.iter().map(|row| row.3.as_str()).collect();
+            assert!(
+                details.iter().any(|d| d.contains("USING INDEX outbox_events_idempotency_key")),
+                "analyzed {analyzed}: {details:?}"
+            );
+        }
+        pool.close().await;
+    }
 
     #[tokio::test]
     async fn two_pools_on_one_file_take_turns_writing() {

@@ -52,14 +52,14 @@ pub trait Store: sqlx::Database {
 
 /// A statement built at run time, for sqlx (0.9 asks that it be marked). Only its shape is
 /// built: its values are bound, never formatted into it.
-#[cfg(all(feature = "mysql", not(feature = "sqlx-0-9")))]
+#[cfg(all(any(feature = "sqlite", feature = "mysql"), not(feature = "sqlx-0-9")))]
 pub(crate) fn built(sql: &str) -> &str {
     sql
 }
 
 /// A statement built at run time, for sqlx (0.9 asks that it be marked). Only its shape is
 /// built: its values are bound, never formatted into it.
-#[cfg(all(feature = "mysql", feature = "sqlx-0-9"))]
+#[cfg(all(any(feature = "sqlite", feature = "mysql"), feature = "sqlx-0-9"))]
 pub(crate) fn built(sql: &str) -> sqlx::AssertSqlSafe<&str> {
     sqlx::AssertSqlSafe(sql)
 }

@@ -6,20 +6,28 @@ use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::INSTANT;
-use crate::store::{Available, InsertShared, NewEvents};
+use crate::store::{built, Available, InsertShared, NewEvents};
 
-/// One row; with an idempotency key, nothing when the key is stored already. `?8` is an
-/// instant, `?9` a `strftime` modifier that delays `now`.
+/// Rows per insert statement: each binds 11 values, and SQLite takes at most 32,766.
+const ROWS_PER_INSERT: usize = 1000;
+const _: () = assert!(ROWS_PER_INSERT * 11 <= 32_766);
+
+/// The start of the insert; each row follows as [`ROW`].
 const INSERT: &str = "\
     INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, \
                                event_version, payload, headers, available_at, ordered, \
-                               idempotency_key) \
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
-            COALESCE(?8, strftime('%Y-%m-%d %H:%M:%f', 'now', ?9)), ?10, ?11) \
-    ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
+                               idempotency_key) VALUES ";
 
-/// Inserts the rows one statement each (a call into SQLite, prepared once per connection);
-/// returns the ids inserted.
+/// One row's values: an instant, or a `strftime` modifier that delays now.
+const ROW: &str =
+    "(?, ?, ?, ?, ?, ?, ?, COALESCE(?, strftime('%Y-%m-%d %H:%M:%f', 'now', ?)), ?, ?)";
+
+/// With an idempotency key (one row), nothing when the key is stored already.
+const ON_KEY: &str =
+    " ON CONFLICT (aggregate_type, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
+
+/// Inserts the rows, up to [`ROWS_PER_INSERT`] per statement (one row, the common case, takes a
+/// statement of its own shape, prepared once per connection); returns the ids inserted.
 pub(super) async fn insert_events(
     conn: &mut SqliteConnection,
     shared: InsertShared<'_>,
@@ -30,27 +38,45 @@ pub(super) async fn insert_events(
         Available::After(delay) => (None, delay_modifier(delay)),
         Available::At(at) => (Some(at.format(INSTANT).to_string()), delay_modifier(Duration::ZERO)),
     };
-    let mut inserted = Vec::with_capacity(rows.event_ids.len());
-    for (i, event_id) in rows.event_ids.iter().enumerate() {
-        let done = sqlx::query(INSERT)
-            .bind(event_id)
-            .bind(shared.aggregate_type)
-            .bind(&rows.aggregate_ids[i])
-            .bind(rows.event_types[i])
-            .bind(rows.versions[i])
-            .bind(&rows.payloads[i])
-            .bind(shared.headers)
-            .bind(&at)
-            .bind(&delay)
-            .bind(rows.ordered[i])
-            .bind(shared.idempotency_key)
-            .execute(&mut *conn)
-            .await?;
-        if done.rows_affected() == 1 {
-            inserted.push(*event_id);
+    let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
+    let mut inserted = 0;
+    for chunk in indices.chunks(ROWS_PER_INSERT) {
+        let sql = insert_sql(chunk.len(), shared.idempotency_key.is_some());
+        let mut query = sqlx::query(built(&sql));
+        for &i in chunk {
+            query = query
+                .bind(rows.event_ids[i])
+                .bind(shared.aggregate_type)
+                .bind(&rows.aggregate_ids[i])
+                .bind(rows.event_types[i])
+                .bind(rows.versions[i])
+                .bind(&rows.payloads[i])
+                .bind(shared.headers)
+                .bind(&at)
+                .bind(&delay)
+                .bind(rows.ordered[i])
+                .bind(shared.idempotency_key);
         }
+        inserted += query.execute(&mut *conn).await?.rows_affected();
     }
-    Ok(inserted)
+    // Only a keyed row can be left out, and a key comes with one row.
+    Ok(if inserted == rows.event_ids.len() as u64 { rows.event_ids.clone() } else { Vec::new() })
+}
+
+/// The insert of `rows` rows.
+fn insert_sql(rows: usize, keyed: bool) -> String {
+    let mut sql = String::with_capacity(INSERT.len() + rows * (ROW.len() + 2) + ON_KEY.len());
+    sql.push_str(INSERT);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(ROW);
+    }
+    if keyed {
+        sql.push_str(ON_KEY);
+    }
+    sql
 }
 
 /// `delay` as a `strftime` modifier, to the microsecond; past SQLite's last year (9999) the
@@ -78,6 +104,14 @@ pub(super) async fn event_for_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_row_binds_the_values_its_placeholders_name() {
+        let sql = insert_sql(3, true);
+        assert_eq!(sql.matches('?').count(), 3 * 11);
+        assert_eq!(ROW.matches('?').count(), 11);
+        assert!(sql.ends_with("DO NOTHING"));
+    }
 
     #[test]
     fn a_delay_is_a_modifier_to_the_microsecond() {
