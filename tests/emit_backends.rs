@@ -14,6 +14,7 @@ use outbox_runtime::{
     OutboxEvent,
 };
 use serde::{Deserialize, Serialize};
+use sqlx::migrate::MigrateError;
 use support::backends::{MySqlDatabase, SqliteFile};
 use support::{placed, CustomerRenamed, OrderPlaced};
 use uuid::Uuid;
@@ -62,6 +63,19 @@ const ROWS: &str = "SELECT event_id, CAST(aggregate_type AS CHAR) AS aggregate_t
                            event_version \
                     FROM outbox_events ORDER BY seq";
 
+fn sensor(name: &str, value: f64) -> SensorRead {
+    SensorRead { sensor: name.to_owned(), value, by_pair: BTreeMap::new() }
+}
+
+/// `emit_idempotent` of `event` under `key`, on any backend.
+async fn keyed<E: OutboxEvent>(
+    tx: &mut sqlx::Transaction<'_, impl outbox_runtime::Backend>,
+    event: &E,
+    key: &str,
+) -> Emitted {
+    emit_idempotent(tx, event, key, EmitOptions::new()).await.unwrap()
+}
+
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap()
 }
@@ -76,7 +90,8 @@ macro_rules! backend_suite {
             #[tokio::test]
             async fn migrate_applies_once_with_concurrent_callers() {
                 let (guard, pool) = $setup;
-                let (a, b) = tokio::join!(outbox_runtime::migrate(&pool), outbox_runtime::migrate(&pool));
+                let migrate = || outbox_runtime::migrate(&pool);
+                let (a, b) = tokio::join!(migrate(), migrate());
                 a.unwrap();
                 b.unwrap();
                 outbox_runtime::migrate(&pool).await.unwrap();
@@ -116,7 +131,7 @@ macro_rules! backend_suite {
                     .unwrap();
                 let edited = outbox_runtime::migrate(&pool).await.unwrap_err();
                 assert!(
-                    matches!(edited, Error::Migrate(sqlx::migrate::MigrateError::VersionMismatch(_))),
+                    matches!(edited, Error::Migrate(MigrateError::VersionMismatch(_))),
                     "{edited:?}"
                 );
                 pool.close().await;
@@ -163,14 +178,15 @@ macro_rules! backend_suite {
                 let events: Vec<OrderPlaced> = (1..=5).map(placed).collect();
                 let mut tx = pool.begin().await.unwrap();
                 let ids = emit_all(&mut tx, &events).await.unwrap();
-                emit(&mut tx, &CustomerRenamed { customer_id: 7, name: "Ada".into() }).await.unwrap();
+                let renamed = CustomerRenamed { customer_id: 7, name: "Ada".into() };
+                emit(&mut tx, &renamed).await.unwrap();
                 tx.commit().await.unwrap();
 
                 let rows: Vec<Row> = sqlx::query_as(ROWS).fetch_all(&pool).await.unwrap();
                 let stored: Vec<Uuid> = rows.iter().take(5).map(|row| row.event_id).collect();
                 assert_eq!(stored, ids, "rows in `seq` order are the events in iteration order");
-                let totals: Vec<i64> =
-                    rows.iter().take(5).map(|row| json(&row.payload)["total_cents"].as_i64().unwrap()).collect();
+                let total = |row: &Row| json(&row.payload)["total_cents"].as_i64().unwrap();
+                let totals: Vec<i64> = rows.iter().take(5).map(total).collect();
                 assert_eq!(totals, [1, 2, 3, 4, 5]);
                 assert_eq!(rows[5].aggregate_type, "customer");
                 pool.close().await;
@@ -185,22 +201,22 @@ macro_rules! backend_suite {
 
                 // Rolled back: the key is free again.
                 let mut tx = pool.begin().await.unwrap();
-                let first = emit_idempotent(&mut tx, &placed(1), key, EmitOptions::new()).await.unwrap();
+                let first = keyed(&mut tx, &placed(1), key).await;
                 assert!(first.is_written());
                 tx.rollback().await.unwrap();
 
                 let mut tx = pool.begin().await.unwrap();
-                let written = emit_idempotent(&mut tx, &placed(1), key, EmitOptions::new()).await.unwrap();
+                let written = keyed(&mut tx, &placed(1), key).await;
                 // Within the same transaction, the key finds the event written earlier in it.
-                let again = emit_idempotent(&mut tx, &placed(2), key, EmitOptions::new()).await.unwrap();
+                let again = keyed(&mut tx, &placed(2), key).await;
                 tx.commit().await.unwrap();
                 let Emitted::Written(event_id) = written else { panic!("{written:?}") };
                 assert_eq!(again, Emitted::Found(event_id));
 
                 let mut tx = pool.begin().await.unwrap();
-                let retried = emit_idempotent(&mut tx, &placed(3), key, EmitOptions::new()).await.unwrap();
+                let retried = keyed(&mut tx, &placed(3), key).await;
                 let other_type = CustomerRenamed { customer_id: 1, name: "Ada".into() };
-                let other = emit_idempotent(&mut tx, &other_type, key, EmitOptions::new()).await.unwrap();
+                let other = keyed(&mut tx, &other_type, key).await;
                 tx.commit().await.unwrap();
                 assert_eq!(retried, Emitted::Found(event_id));
                 assert!(other.is_written(), "keys are per aggregate type");
@@ -242,19 +258,31 @@ macro_rules! backend_suite {
                 let (guard, pool) = $setup;
                 outbox_runtime::migrate(&pool).await.unwrap();
                 let mut tx = pool.begin().await.unwrap();
-                let nan = SensorRead { sensor: "s1".into(), value: f64::NAN, by_pair: BTreeMap::new() };
+                let nan = sensor("s1", f64::NAN);
                 let err = emit(&mut tx, &nan).await.unwrap_err();
                 assert!(
-                    matches!(err, Error::InvalidEvent { event_type: "sensor.read", reason: InvalidEvent::NonFiniteFloat(_) }),
+                    matches!(
+                        err,
+                        Error::InvalidEvent {
+                            event_type: "sensor.read",
+                            reason: InvalidEvent::NonFiniteFloat(_)
+                        }
+                    ),
                     "{err:?}"
                 );
-                let nul = SensorRead { sensor: "s\0-1".into(), value: 1.0, by_pair: BTreeMap::new() };
+                let nul = sensor("s\0-1", 1.0);
                 let err = emit(&mut tx, &nul).await.unwrap_err();
                 assert!(
-                    matches!(err, Error::InvalidEvent { reason: InvalidEvent::NulCharacter("the aggregate id"), .. }),
+                    matches!(
+                        err,
+                        Error::InvalidEvent {
+                            reason: InvalidEvent::NulCharacter("the aggregate id"),
+                            ..
+                        }
+                    ),
                     "{err:?}"
                 );
-                let fine = SensorRead { sensor: "s1".into(), value: 0.1, by_pair: BTreeMap::new() };
+                let fine = sensor("s1", 0.1);
                 emit(&mut tx, &fine).await.unwrap();
                 tx.commit().await.unwrap();
                 let rows: Vec<Row> = sqlx::query_as(ROWS).fetch_all(&pool).await.unwrap();

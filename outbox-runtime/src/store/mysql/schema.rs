@@ -17,10 +17,11 @@ const LOCK: &str = "outbox_migrate:";
 const LOCK_WAIT: Duration = Duration::from_secs(300);
 
 /// Applies the migrations the database lacks, under a named lock (`GET_LOCK`; the names are the
-/// server's, so this one ends with the database's): a second migrator waits for it and then finds them applied. MySQL commits each
-/// `CREATE` by itself, so each migration is recorded right after it ran; its statements are
-/// written to be run again should a migrator die between the two (`IF NOT EXISTS`). The history
-/// is a table of the outbox's own, apart from the application's `_sqlx_migrations`.
+/// server's, so this one ends with the database's): a second migrator waits for it and then
+/// finds them applied. MySQL commits each `CREATE` by itself, so each migration is recorded
+/// right after it ran; its statements are written to be run again should a migrator die between
+/// the two (`IF NOT EXISTS`). The history is a table of the outbox's own, apart from the
+/// application's `_sqlx_migrations`.
 pub(super) async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
     // Lock names are at most 64 characters; database names too.
@@ -94,7 +95,8 @@ async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
 /// Checks the history against this version's migrations (see `crate::check_schema`).
 pub(super) async fn check(pool: &MySqlPool) -> Result<(), Error> {
     let exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'outbox_events')",
+        "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+                        WHERE table_schema = DATABASE() AND table_name = 'outbox_events')",
     )
     .fetch_one(pool)
     .await?;

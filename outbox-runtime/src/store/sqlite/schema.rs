@@ -55,7 +55,8 @@ pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
 /// Checks the history against this version's migrations (see `crate::check_schema`).
 pub(super) async fn check(pool: &SqlitePool) -> Result<(), Error> {
     let exists: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events')",
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+                        WHERE type = 'table' AND name = 'outbox_events')",
     )
     .fetch_one(pool)
     .await?;
