@@ -169,6 +169,26 @@ pub(crate) fn check_own_history(
     judge(compare(&known(migrator), applied, History::Outbox), "outbox_migrations")
 }
 
+/// The migrations of `migrator` that `applied` (a history's `(version, checksum)`s) lacks, in
+/// order; one applied with another checksum is an error: it was edited after it ran.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn pending(
+    migrator: &'static Migrator,
+    applied: &[(i64, Vec<u8>)],
+) -> Result<Vec<&'static Migration>, MigrateError> {
+    let mut pending = Vec::new();
+    for migration in migrator.iter() {
+        match applied.iter().find(|(version, _)| *version == migration.version) {
+            Some((_, checksum)) if **checksum != *migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => pending.push(migration),
+        }
+    }
+    Ok(pending)
+}
+
 /// What a comparison of the history with this version's migrations means for the caller.
 fn judge(verdict: Verdict, table: &'static str) -> Result<(), Error> {
     match verdict {

@@ -63,3 +63,18 @@ pub(crate) fn built(sql: &str) -> &str {
 pub(crate) fn built(sql: &str) -> sqlx::AssertSqlSafe<&str> {
     sqlx::AssertSqlSafe(sql)
 }
+
+/// The insert `insert` followed by `rows` copies of `row`, comma-separated, then `tail`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn multi_row(insert: &str, row: &str, rows: usize, tail: &str) -> String {
+    let mut sql = String::with_capacity(insert.len() + rows * (row.len() + 2) + tail.len());
+    sql.push_str(insert);
+    for i in 0..rows {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(row);
+    }
+    sql.push_str(tail);
+    sql
+}

@@ -6,7 +6,7 @@ use sqlx::query::Query;
 use sqlx::{MySql, MySqlConnection};
 use uuid::Uuid;
 
-use crate::store::{built, micros, Available, InsertShared, NewEvents};
+use crate::store::{built, micros, multi_row, Available, InsertShared, NewEvents};
 
 /// The longest aggregate id and idempotency key the schema's `VARCHAR(255)` columns hold.
 pub(super) const MAX_ID_CHARS: usize = 255;
@@ -24,6 +24,10 @@ const INSERT: &str = "\
 /// One row's values: an instant, or a delay in microseconds after now.
 const ROW: &str =
     "(?, ?, ?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?)";
+
+/// With an idempotency key, a row whose key is stored already is left alone (not `INSERT
+/// IGNORE`, which would also turn a refused value into a warning).
+const ON_KEY: &str = " ON DUPLICATE KEY UPDATE seq = seq";
 
 /// Inserts the rows; returns the ids inserted (an idempotency key stored already inserts
 /// nothing).
@@ -44,7 +48,8 @@ pub(super) async fn insert_events(
     };
     let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
     for chunk in indices.chunks(ROWS_PER_INSERT) {
-        let sql = insert_sql(chunk.len(), shared.idempotency_key.is_some());
+        let keyed = if shared.idempotency_key.is_some() { ON_KEY } else { "" };
+        let sql = multi_row(INSERT, ROW, chunk.len(), keyed);
         let mut query = sqlx::query(built(&sql));
         for &i in chunk {
             query = bind_row(query, &shared, rows, i, at, delay);
@@ -58,23 +63,6 @@ pub(super) async fn insert_events(
     // affected: the key's row tells whether the insert was this one.
     let stored = event_for_key(conn, shared.aggregate_type, key).await?;
     Ok(rows.event_ids.iter().copied().filter(|id| Some(*id) == stored).collect())
-}
-
-/// The insert of `rows` rows; with a key, a row whose key is stored already is left alone (not
-/// `INSERT IGNORE`, which would also turn a refused value into a warning).
-fn insert_sql(rows: usize, keyed: bool) -> String {
-    let mut sql = String::with_capacity(INSERT.len() + rows * (ROW.len() + 2) + 40);
-    sql.push_str(INSERT);
-    for row in 0..rows {
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(ROW);
-    }
-    if keyed {
-        sql.push_str(" ON DUPLICATE KEY UPDATE seq = seq");
-    }
-    sql
 }
 
 fn bind_row<'q>(
@@ -115,13 +103,13 @@ async fn lock_ordered_aggregates(
     }
     ids.sort_unstable();
     ids.dedup();
-    let mut sql =
-        String::from("INSERT INTO outbox_aggregate_locks (aggregate_type, aggregate_id) VALUES ");
-    for i in 0..ids.len() {
-        sql.push_str(if i == 0 { "(?, ?)" } else { ", (?, ?)" });
-    }
     // A duplicate key takes the existing row's exclusive lock.
-    sql.push_str(" ON DUPLICATE KEY UPDATE aggregate_id = aggregate_id");
+    let sql = multi_row(
+        "INSERT INTO outbox_aggregate_locks (aggregate_type, aggregate_id) VALUES ",
+        "(?, ?)",
+        ids.len(),
+        " ON DUPLICATE KEY UPDATE aggregate_id = aggregate_id",
+    );
     let mut query = sqlx::query(built(&sql));
     for id in ids {
         query = query.bind(aggregate_type).bind(id);
@@ -153,9 +141,7 @@ mod tests {
 
     #[test]
     fn each_row_binds_the_values_its_placeholders_name() {
-        let sql = insert_sql(3, true);
-        assert_eq!(sql.matches('?').count(), 3 * 11);
-        assert!(sql.ends_with("ON DUPLICATE KEY UPDATE seq = seq"));
         assert_eq!(ROW.matches('?').count(), 11);
+        assert_eq!(multi_row(INSERT, ROW, 3, ON_KEY).matches('?').count(), 3 * 11);
     }
 }

@@ -70,14 +70,7 @@ async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
         sqlx::query_as("SELECT version, checksum FROM outbox_migrations")
             .fetch_all(&mut *conn)
             .await?;
-    for migration in MIGRATOR.iter() {
-        match applied.iter().find(|(version, _)| *version == migration.version) {
-            Some((_, checksum)) if **checksum != *migration.checksum => {
-                return Err(MigrateError::VersionMismatch(migration.version).into());
-            }
-            Some(_) => continue,
-            None => {}
-        }
+    for migration in crate::migrate::pending(&MIGRATOR, &applied)? {
         let sql: &'static str = migration.sql.as_ref();
         conn.execute(sql).await?;
         sqlx::query(

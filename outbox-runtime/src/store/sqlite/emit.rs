@@ -6,7 +6,7 @@ use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::INSTANT;
-use crate::store::{built, Available, InsertShared, NewEvents};
+use crate::store::{built, multi_row, Available, InsertShared, NewEvents};
 
 /// Rows per insert statement: each binds 11 values, and SQLite takes at most 32,766.
 const ROWS_PER_INSERT: usize = 1000;
@@ -41,7 +41,8 @@ pub(super) async fn insert_events(
     let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
     let mut inserted = 0;
     for chunk in indices.chunks(ROWS_PER_INSERT) {
-        let sql = insert_sql(chunk.len(), shared.idempotency_key.is_some());
+        let keyed = if shared.idempotency_key.is_some() { ON_KEY } else { "" };
+        let sql = multi_row(INSERT, ROW, chunk.len(), keyed);
         let mut query = sqlx::query(built(&sql));
         for &i in chunk {
             query = query
@@ -61,22 +62,6 @@ pub(super) async fn insert_events(
     }
     // Only a keyed row can be left out, and a key comes with one row.
     Ok(if inserted == rows.event_ids.len() as u64 { rows.event_ids.clone() } else { Vec::new() })
-}
-
-/// The insert of `rows` rows.
-fn insert_sql(rows: usize, keyed: bool) -> String {
-    let mut sql = String::with_capacity(INSERT.len() + rows * (ROW.len() + 2) + ON_KEY.len());
-    sql.push_str(INSERT);
-    for row in 0..rows {
-        if row > 0 {
-            sql.push_str(", ");
-        }
-        sql.push_str(ROW);
-    }
-    if keyed {
-        sql.push_str(ON_KEY);
-    }
-    sql
 }
 
 /// `delay` as a `strftime` modifier, to the microsecond; past SQLite's last year (9999) the
@@ -107,10 +92,8 @@ mod tests {
 
     #[test]
     fn each_row_binds_the_values_its_placeholders_name() {
-        let sql = insert_sql(3, true);
-        assert_eq!(sql.matches('?').count(), 3 * 11);
         assert_eq!(ROW.matches('?').count(), 11);
-        assert!(sql.ends_with("DO NOTHING"));
+        assert_eq!(multi_row(INSERT, ROW, 3, ON_KEY).matches('?').count(), 3 * 11);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Applying the SQLite migrations, with their history in `outbox_migrations`.
 
-use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::migrate::Migrator;
 use sqlx::{Executor, SqliteConnection, SqlitePool};
 
 use crate::error::Error;
@@ -29,14 +29,7 @@ pub(super) async fn migrate(pool: &SqlitePool) -> Result<(), Error> {
         sqlx::query_as("SELECT version, checksum FROM outbox_migrations")
             .fetch_all(&mut *conn)
             .await?;
-    for migration in MIGRATOR.iter() {
-        match applied.iter().find(|(version, _)| *version == migration.version) {
-            Some((_, checksum)) if **checksum != *migration.checksum => {
-                return Err(MigrateError::VersionMismatch(migration.version).into());
-            }
-            Some(_) => continue,
-            None => {}
-        }
+    for migration in crate::migrate::pending(&MIGRATOR, &applied)? {
         let sql: &'static str = migration.sql.as_ref();
         conn.execute(sql).await?;
         sqlx::query(
