@@ -3,9 +3,9 @@
 //! primary key, in alternating rounds; and `emit_all` batches of 100.
 //!
 //! SQLite runs one producer (it writes one transaction at a time: more would only queue on its
-//! lock) on a file in the temporary directory, with sqlx's defaults (WAL); MariaDB runs 8
-//! producers on a database of its own on the server at `MYSQL_URL`
-//! (`mysql://root@127.0.0.1:3306` when unset).
+//! lock) on a file in the temporary directory, with sqlx's defaults (a rollback journal, each
+//! commit synced); MariaDB runs 8 producers on a database of its own on the server at
+//! `MYSQL_URL` (`mysql://root@127.0.0.1:3306` when unset).
 
 use std::time::{Duration, Instant};
 
