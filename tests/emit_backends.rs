@@ -393,6 +393,79 @@ mod mysql_only {
         database.drop_it().await;
     }
 
+    /// docs/least-privilege-mysql.sql's step `step`, for `database` and accounts named after
+    /// `tag`, each statement on its own.
+    fn grants(step: &str, database: &str, tag: &str) -> Vec<String> {
+        let file = include_str!("../docs/least-privilege-mysql.sql");
+        let marker = format!("-- step: {step}\n");
+        let text = file.split(&marker).nth(1).expect("the step is in the file");
+        let text = text.split("-- step: ").next().unwrap();
+        text.replace("outbox_db", database)
+            .replace("outbox_owner", &format!("'owner_{tag}'@'127.0.0.1'"))
+            .replace("outbox_app", &format!("'app_{tag}'@'127.0.0.1'"))
+            .split(';')
+            .map(str::trim)
+            .filter(|statement| !statement.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_least_privilege_accounts_migrate_and_emit_and_read_nothing_else() {
+        let database = MySqlDatabase::create().await;
+        let root = database.pool().await;
+        let tag = Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let run = |statements: Vec<String>| {
+            let root = root.clone();
+            async move {
+                for statement in statements {
+                    let statement = sqlx::static_sql(statement);
+                    sqlx::query(statement).execute(&root).await.unwrap();
+                }
+            }
+        };
+        run(grants("accounts", &database.name, &tag)).await;
+        let account = |name: &str| {
+            let server = support::backends::mysql_server();
+            let host = server.split('@').nth(1).unwrap().to_owned();
+            format!("mysql://{name}_{tag}:change%20me@{host}/{}", database.name)
+        };
+        let owner = sqlx::MySqlPool::connect(&account("owner")).await.unwrap();
+        outbox_runtime::migrate(&owner).await.expect("the owner migrates");
+        outbox_runtime::check_schema(&owner).await.unwrap();
+        run(grants("tables", &database.name, &tag)).await;
+
+        let app = sqlx::MySqlPool::connect(&account("app")).await.unwrap();
+        let mut tx = app.begin().await.unwrap();
+        emit(&mut tx, &placed(1)).await.unwrap();
+        emit_all(&mut tx, &[placed(2), placed(3)]).await.unwrap();
+        let written = keyed(&mut tx, &placed(4), "k").await;
+        assert_eq!(keyed(&mut tx, &placed(5), "k").await, Emitted::Found(written.event_id()));
+        for cents in [1, 2] {
+            emit(&mut tx, &Posted { account: "acct-1".into(), cents }).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+
+        let payloads = sqlx::query("SELECT payload FROM outbox_events").fetch_all(&app).await;
+        let refused = payloads.unwrap_err().to_string();
+        assert!(refused.contains("denied"), "the application reads no payload: {refused}");
+        let update = sqlx::query("UPDATE outbox_events SET attempts = 1").execute(&app).await;
+        assert!(update.unwrap_err().to_string().contains("denied"));
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events")
+            .fetch_one(&root)
+            .await
+            .unwrap();
+        assert_eq!(count, 6);
+        app.close().await;
+        owner.close().await;
+        for name in ["owner", "app"] {
+            let drop = sqlx::static_sql(format!("DROP USER '{name}_{tag}'@'127.0.0.1'"));
+            sqlx::query(drop).execute(&root).await.unwrap();
+        }
+        root.close().await;
+        database.drop_it().await;
+    }
+
     #[tokio::test]
     async fn a_key_raced_by_two_transactions_ends_with_one_event() {
         let (database, pool) = mysql().await;

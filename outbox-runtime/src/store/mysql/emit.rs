@@ -25,10 +25,6 @@ const INSERT: &str = "\
 const ROW: &str =
     "(?, ?, ?, ?, ?, ?, ?, COALESCE(?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), ?, ?)";
 
-/// With an idempotency key, a row whose key is stored already is left alone (not `INSERT
-/// IGNORE`, which would also turn a refused value into a warning).
-const ON_KEY: &str = " ON DUPLICATE KEY UPDATE seq = seq";
-
 /// Inserts the rows; returns the ids inserted (an idempotency key stored already inserts
 /// nothing).
 ///
@@ -48,21 +44,26 @@ pub(super) async fn insert_events(
     };
     let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
     for chunk in indices.chunks(ROWS_PER_INSERT) {
-        let keyed = if shared.idempotency_key.is_some() { ON_KEY } else { "" };
-        let sql = multi_row(INSERT, ROW, chunk.len(), keyed);
+        let sql = multi_row(INSERT, ROW, chunk.len(), "");
         let mut query = sqlx::query(built(&sql));
         for &i in chunk {
             query = bind_row(query, &shared, rows, i, at, delay);
         }
-        query.execute(&mut *conn).await?;
+        match query.execute(&mut *conn).await {
+            Ok(_) => {}
+            // A keyed event (one row) whose key is stored already: nothing written. MySQL undoes
+            // the statement alone, not the transaction. Neither `INSERT IGNORE` (which would turn
+            // a refused value into a warning too) nor `ON DUPLICATE KEY UPDATE` (which needs the
+            // UPDATE privilege on every column inserted).
+            Err(sqlx::Error::Database(error))
+                if shared.idempotency_key.is_some() && error.is_unique_violation() =>
+            {
+                return Ok(Vec::new());
+            }
+            Err(error) => return Err(error),
+        }
     }
-    let Some(key) = shared.idempotency_key else {
-        return Ok(rows.event_ids.clone());
-    };
-    // MySQL has no `RETURNING`, and sqlx's connections count a row found by ON DUPLICATE KEY as
-    // affected: the key's row tells whether the insert was this one.
-    let stored = event_for_key(conn, shared.aggregate_type, key).await?;
-    Ok(rows.event_ids.iter().copied().filter(|id| Some(*id) == stored).collect())
+    Ok(rows.event_ids.clone())
 }
 
 fn bind_row<'q>(
@@ -118,8 +119,9 @@ async fn lock_ordered_aggregates(
     Ok(())
 }
 
-/// The event stored under an idempotency key, read with a lock: the newest committed row, not
-/// the transaction's snapshot, which may predate the commit the insert waited for.
+/// The event stored under an idempotency key, read with a shared lock: the newest committed row,
+/// not the transaction's snapshot, which may predate the commit the insert waited for. (`LOCK IN
+/// SHARE MODE` needs only SELECT, where MySQL 8's `FOR UPDATE` needs UPDATE or DELETE too.)
 pub(super) async fn event_for_key(
     conn: &mut MySqlConnection,
     aggregate_type: &str,
@@ -127,7 +129,7 @@ pub(super) async fn event_for_key(
 ) -> Result<Option<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT event_id FROM outbox_events WHERE aggregate_type = ? AND idempotency_key = ? \
-         FOR UPDATE",
+         LOCK IN SHARE MODE",
     )
     .bind(aggregate_type)
     .bind(idempotency_key)
@@ -142,6 +144,6 @@ mod tests {
     #[test]
     fn each_row_binds_the_values_its_placeholders_name() {
         assert_eq!(ROW.matches('?').count(), 11);
-        assert_eq!(multi_row(INSERT, ROW, 3, ON_KEY).matches('?').count(), 3 * 11);
+        assert_eq!(multi_row(INSERT, ROW, 3, "").matches('?').count(), 3 * 11);
     }
 }
