@@ -161,15 +161,6 @@ async fn headers_and_delay_are_stored(pool: PgPool) {
 }
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "sensor", event_type = "sensor.read")]
-struct SensorRead {
-    #[outbox(id)]
-    sensor: String,
-    value: f64,
-    by_pair: BTreeMap<String, f64>,
-}
-
-#[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "grid", event_type = "grid.updated")]
 struct GridUpdated {
     #[outbox(id)]

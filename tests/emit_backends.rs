@@ -16,17 +16,8 @@ use outbox_runtime::{
 use serde::{Deserialize, Serialize};
 use sqlx::migrate::MigrateError;
 use support::backends::{MySqlDatabase, SqliteFile};
-use support::{placed, CustomerRenamed, OrderPlaced};
+use support::{placed, CustomerRenamed, OrderPlaced, SensorRead};
 use uuid::Uuid;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(aggregate = "sensor", event_type = "sensor.read")]
-struct SensorRead {
-    #[outbox(id)]
-    sensor: String,
-    value: f64,
-    by_pair: BTreeMap<String, f64>,
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "account", event_type = "account.posted", ordered)]

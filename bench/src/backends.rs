@@ -14,8 +14,8 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use uuid::Uuid;
 
-use crate::emit::per_second;
-use crate::events::{credited, Credited};
+use crate::emit::{batches, per_second};
+use crate::events::Credited;
 
 /// Transactions per second with `emit` and with the bare INSERT, and events per second with
 /// `emit_all`, each summed over `rounds` rounds of `duration`, alternating.
@@ -76,21 +76,7 @@ macro_rules! emit_workload {
                     bare += business(true).await;
                 }
             }
-            let emit_all = per_second($producers, duration, |_, until| {
-                let pool = pool.clone();
-                async move {
-                    let batch: Vec<Credited> = (0..100).map(credited).collect();
-                    let mut done = 0;
-                    while Instant::now() < until {
-                        let mut tx = pool.begin().await.unwrap();
-                        outbox_runtime::emit_all(&mut tx, &batch).await.unwrap();
-                        tx.commit().await.unwrap();
-                        done += 100;
-                    }
-                    done
-                }
-            })
-            .await;
+            let emit_all = batches(pool, $producers, duration).await;
             EmitRates { emit, bare, emit_all }
         }
     };

@@ -71,7 +71,11 @@ pub async fn business(pool: &PgPool, producers: usize, duration: Duration, extra
 
 /// `producers` tasks commit `emit_all` batches of 100 events for `duration`; returns events
 /// per second.
-pub async fn batches(pool: &PgPool, producers: usize, duration: Duration) -> f64 {
+pub async fn batches<DB: outbox_runtime::Backend>(
+    pool: &sqlx::Pool<DB>,
+    producers: usize,
+    duration: Duration,
+) -> f64 {
     per_second(producers, duration, |_, until| {
         let pool = pool.clone();
         async move {

@@ -484,19 +484,18 @@ async fn main() {
         }
 
         // 10e. emit on the other backends (issue #25), against the bare INSERT of the same row.
-        if args.runs("emit_sqlite") {
-            let rates = backends::sqlite(secs, 3, run % 2 == 0).await;
-            s.add("emit_sqlite emit tx/s", rates.emit / 3.0);
-            s.add("emit_sqlite bare tx/s", rates.bare / 3.0);
-            s.add("emit_sqlite bare vs emit", rates.bare / rates.emit);
-            s.add("emit_sqlite emit_all events/s", rates.emit_all);
-        }
-        if args.runs("emit_mysql") {
-            let rates = backends::mysql(secs, 3, run % 2 == 0).await;
-            s.add("emit_mysql emit tx/s", rates.emit / 3.0);
-            s.add("emit_mysql bare tx/s", rates.bare / 3.0);
-            s.add("emit_mysql bare vs emit", rates.bare / rates.emit);
-            s.add("emit_mysql emit_all events/s", rates.emit_all);
+        for name in ["emit_sqlite", "emit_mysql"] {
+            if !args.runs(name) {
+                continue;
+            }
+            let rates = match name {
+                "emit_sqlite" => backends::sqlite(secs, 3, run % 2 == 0).await,
+                _ => backends::mysql(secs, 3, run % 2 == 0).await,
+            };
+            s.add(format!("{name} emit tx/s"), rates.emit / 3.0);
+            s.add(format!("{name} bare tx/s"), rates.bare / 3.0);
+            s.add(format!("{name} bare vs emit"), rates.bare / rates.emit);
+            s.add(format!("{name} emit_all events/s"), rates.emit_all);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.

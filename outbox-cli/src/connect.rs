@@ -82,7 +82,7 @@ async fn connect_mysql(url: &str) -> Result<MySqlPool, Failure> {
     let options = MySqlConnectOptions::from_str(&url).map_err(|_| Failure::MalformedUrl {
         reason: "the password is not valid percent-encoded UTF-8".to_owned(),
     })?;
-    let target = format!("{}:{}", host_of(rest), port_of(rest).unwrap_or(3306));
+    let target = format!("{}:{}", options.get_host(), options.get_port());
     let unreachable = |reason| Failure::Unreachable { target: target.clone(), reason };
     // A probe first, as for PostgreSQL: it says why a connection fails, the pool only that it
     // timed out.
@@ -109,20 +109,6 @@ fn redacted(scheme: &str, rest: &str, url: &str) -> String {
         }
         _ => url.to_owned(),
     }
-}
-
-/// The host of `user@host:port/db`.
-fn host_of(rest: &str) -> &str {
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    host_port.rsplit_once(':').map_or(host_port, |(host, _)| host)
-}
-
-/// The port of `user@host:port/db`, if it names one.
-fn port_of(rest: &str) -> Option<u16> {
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    host_port.rsplit_once(':').and_then(|(_, port)| port.parse().ok())
 }
 
 /// A configuration error's text, without sqlx's prefix.

@@ -55,6 +55,16 @@ pub struct CustomerRenamed {
     pub name: String,
 }
 
+/// Readings whose floats test what JSON can hold (NaN, infinities, exact decimals).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "sensor", event_type = "sensor.read")]
+pub struct SensorRead {
+    #[outbox(id)]
+    pub sensor: String,
+    pub value: f64,
+    pub by_pair: std::collections::BTreeMap<String, f64>,
+}
+
 pub fn placed(n: i64) -> OrderPlaced {
     OrderPlaced { order_id: Uuid::now_v7(), total_cents: n }
 }

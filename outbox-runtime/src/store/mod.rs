@@ -18,7 +18,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-pub(crate) use new_events::{Available, InsertShared, NewEvents};
+pub(crate) use new_events::{micros, Available, InsertShared, NewEvents};
 pub(crate) use postgres::*;
 
 /// What the crate asks of a database, implemented once per backend (the public face is

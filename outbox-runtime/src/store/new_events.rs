@@ -19,6 +19,26 @@ pub enum Available {
     At(DateTime<Utc>),
 }
 
+impl Available {
+    /// As two parameters: an instant, or a delay in microseconds after the database's now.
+    pub(crate) fn at_or_delay(self) -> (Option<DateTime<Utc>>, i64) {
+        match self {
+            Available::Now => (None, 0),
+            Available::After(delay) => (None, micros(delay)),
+            Available::At(at) => (Some(at), 0),
+        }
+    }
+}
+
+/// Delays past this are capped: a century, within every backend's calendar (SQLite's ends in
+/// the year 9999, PostgreSQL's in 294276).
+const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// `duration` in microseconds, capped at [`MAX_DELAY`].
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
+}
+
 /// Column-wise rows for one multi-row insert.
 #[derive(Default)]
 pub struct NewEvents {

@@ -6,7 +6,7 @@ use sqlx::query::Query;
 use sqlx::{MySql, MySqlConnection};
 use uuid::Uuid;
 
-use crate::store::{built, micros, multi_row, Available, InsertShared, NewEvents};
+use crate::store::{built, multi_row, InsertShared, NewEvents};
 
 /// The longest aggregate id and idempotency key the schema's `VARCHAR(255)` columns hold.
 pub(super) const MAX_ID_CHARS: usize = 255;
@@ -37,16 +37,13 @@ pub(super) async fn insert_events(
     rows: &NewEvents,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     lock_ordered_aggregates(conn, shared.aggregate_type, rows).await?;
-    let (at, delay) = match shared.available {
-        Available::Now => (None, 0),
-        Available::After(delay) => (None, micros(delay)),
-        Available::At(at) => (Some(at), 0),
-    };
-    let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
-    for chunk in indices.chunks(ROWS_PER_INSERT) {
+    let (at, delay) = shared.available.at_or_delay();
+    let count = rows.event_ids.len();
+    for start in (0..count).step_by(ROWS_PER_INSERT) {
+        let chunk = start..count.min(start + ROWS_PER_INSERT);
         let sql = multi_row(INSERT, ROW, chunk.len(), "");
         let mut query = sqlx::query(built(&sql));
-        for &i in chunk {
+        for i in chunk {
             query = bind_row(query, &shared, rows, i, at, delay);
         }
         match query.execute(&mut *conn).await {

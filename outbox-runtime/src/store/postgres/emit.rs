@@ -1,11 +1,10 @@
 //! Writing events: the one insert statement behind every `emit`.
 
-use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{micros, Query, Scalar};
-use crate::store::{Available, InsertShared, NewEvents};
+use super::{Query, Scalar};
+use crate::store::{InsertShared, NewEvents};
 
 /// The single-row insert of one unordered event, followed by `$tail`.
 macro_rules! insert_one {
@@ -42,15 +41,6 @@ pub(crate) async fn insert_events(
     insert_many_query(&shared, rows).fetch_all(conn).await
 }
 
-/// `available_at` as two parameters: an instant, or a delay after `now()`.
-fn available_at(available: Available) -> (Option<DateTime<Utc>>, i64) {
-    match available {
-        Available::Now => (None, 0),
-        Available::After(delay) => (None, micros(delay)),
-        Available::At(at) => (Some(at), 0),
-    }
-}
-
 /// The first row of `rows` alone, unordered.
 pub(super) fn insert_one_query<'q>(shared: &InsertShared<'q>, rows: &'q NewEvents) -> Query<'q> {
     // Without a key there is nothing to conflict with: a plain insert, which spares the
@@ -62,7 +52,7 @@ pub(super) fn insert_one_query<'q>(shared: &InsertShared<'q>, rows: &'q NewEvent
               WHERE idempotency_key IS NOT NULL DO NOTHING"
         ),
     };
-    let (at, delay) = available_at(shared.available);
+    let (at, delay) = shared.available.at_or_delay();
     sqlx::query(sql)
         .bind(rows.event_ids[0])
         .bind(shared.aggregate_type)
@@ -80,7 +70,7 @@ pub(super) fn insert_many_query<'q>(
     shared: &InsertShared<'q>,
     rows: &'q NewEvents,
 ) -> Scalar<'q, Uuid> {
-    let (at, delay) = available_at(shared.available);
+    let (at, delay) = shared.available.at_or_delay();
     sqlx::query_scalar(
         "WITH locked AS ( \
              SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \

@@ -1,12 +1,10 @@
-//! Every PostgreSQL statement of the crate, next to the schema in `outbox-runtime/migrations/` it is tuned for (the
-//! migrations themselves run through sqlx's migrator, in `migrate.rs`).
+//! Every PostgreSQL statement of the crate, next to the schema in `outbox-runtime/migrations/` it
+//! is tuned for (the migrations themselves run through sqlx's migrator, in `migrate.rs`).
 //!
 //! Values are always bound, never formatted into SQL. Statements that touch many rows take
 //! arrays and `UNNEST` them, so a batch costs one round trip. Each statement is built by a
 //! `*_query` function that binds its parameters in one place, where a unit test checks them
 //! against the `$N`s its SQL names; the function beside it runs it.
-
-use std::time::Duration;
 
 use sqlx::postgres::PgArguments;
 use sqlx::Postgres;
@@ -123,12 +121,7 @@ pub(crate) const INDEXES_ONLY: &str = "SET LOCAL enable_seqscan = off";
 /// The channel the insert trigger notifies; relays LISTEN on it.
 pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
 
-/// Delays past this are capped: PostgreSQL timestamps end in the year 294276.
-const MAX_DELAY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
-
-pub(crate) fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.min(MAX_DELAY).as_micros()).unwrap_or(i64::MAX)
-}
+pub(crate) use super::micros;
 
 impl super::Store for Postgres {
     async fn insert_events(
@@ -158,6 +151,8 @@ impl super::Store for Postgres {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use sqlx::{Arguments, Execute};
     use uuid::Uuid;
 

@@ -1,12 +1,10 @@
 //! Writing events on SQLite.
 
-use std::time::Duration;
-
 use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::INSTANT;
-use crate::store::{built, multi_row, Available, InsertShared, NewEvents};
+use crate::store::{built, multi_row, InsertShared, NewEvents};
 
 /// Rows per insert statement: each binds 11 values, and SQLite takes at most 32,766.
 const ROWS_PER_INSERT: usize = 1000;
@@ -33,18 +31,16 @@ pub(super) async fn insert_events(
     shared: InsertShared<'_>,
     rows: &NewEvents,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let (at, delay) = match shared.available {
-        Available::Now => (None, delay_modifier(Duration::ZERO)),
-        Available::After(delay) => (None, delay_modifier(delay)),
-        Available::At(at) => (Some(at.format(INSTANT).to_string()), delay_modifier(Duration::ZERO)),
-    };
-    let indices: Vec<usize> = (0..rows.event_ids.len()).collect();
+    let (at, delay) = shared.available.at_or_delay();
+    let (at, delay) = (at.map(|at| at.format(INSTANT).to_string()), delay_modifier(delay));
+    let count = rows.event_ids.len();
     let mut inserted = 0;
-    for chunk in indices.chunks(ROWS_PER_INSERT) {
+    for start in (0..count).step_by(ROWS_PER_INSERT) {
+        let chunk = start..count.min(start + ROWS_PER_INSERT);
         let keyed = if shared.idempotency_key.is_some() { ON_KEY } else { "" };
         let sql = multi_row(INSERT, ROW, chunk.len(), keyed);
         let mut query = sqlx::query(built(&sql));
-        for &i in chunk {
+        for i in chunk {
             query = query
                 .bind(rows.event_ids[i])
                 .bind(shared.aggregate_type)
@@ -61,14 +57,13 @@ pub(super) async fn insert_events(
         inserted += query.execute(&mut *conn).await?.rows_affected();
     }
     // Only a keyed row can be left out, and a key comes with one row.
-    Ok(if inserted == rows.event_ids.len() as u64 { rows.event_ids.clone() } else { Vec::new() })
+    Ok(if inserted == count as u64 { rows.event_ids.clone() } else { Vec::new() })
 }
 
-/// `delay` as a `strftime` modifier, to the microsecond; past SQLite's last year (9999) the
-/// result is NULL, which the NOT NULL column refuses, so it is capped at a century.
-fn delay_modifier(delay: Duration) -> String {
-    let delay = delay.min(Duration::from_secs(100 * 366 * 24 * 3600));
-    format!("+{}.{:06} seconds", delay.as_secs(), delay.subsec_micros())
+/// A delay in microseconds (capped at a century by `micros`, within SQLite's last year, 9999)
+/// as a `strftime` modifier.
+fn delay_modifier(micros: i64) -> String {
+    format!("+{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
 }
 
 /// The event stored earlier under an idempotency key.
@@ -98,7 +93,7 @@ mod tests {
 
     #[test]
     fn a_delay_is_a_modifier_to_the_microsecond() {
-        assert_eq!(delay_modifier(Duration::ZERO), "+0.000000 seconds");
-        assert_eq!(delay_modifier(Duration::from_micros(1_500_001)), "+1.500001 seconds");
+        assert_eq!(delay_modifier(0), "+0.000000 seconds");
+        assert_eq!(delay_modifier(1_500_001), "+1.500001 seconds");
     }
 }
