@@ -3,13 +3,15 @@
 //! events arrive as they were emitted).
 //!
 //! Run with `cargo run --example quickstart` against the PostgreSQL in `DATABASE_URL`
-//! (default: postgres://postgres@127.0.0.1:5432/postgres, set in .cargo/config.toml).
+//! (default: postgres://postgres@127.0.0.1:5432/postgres, set in .cargo/config.toml), or with
+//! no server at all on SQLite: `DATABASE_URL=sqlite://quickstart.db?mode=rwc cargo run
+//! --example quickstart`. The steps are the same on both: `run` below.
 
 use std::time::Duration;
 
 mod shop;
 
-use outbox_runtime::{emit, EventContext, Relay};
+use outbox_runtime::{emit, Backend, EventContext, Relay};
 use shop::{OrderCancelled, OrderPlaced};
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -49,8 +51,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let pool = sqlx::PgPool::connect(&url).await?;
+    if url.starts_with("sqlite:") {
+        run(sqlx::SqlitePool::connect(&url).await?).await
+    } else {
+        run(sqlx::PgPool::connect(&url).await?).await
+    }
+}
 
+/// The example on either database. The bounds say that sqlx runs the example's own statements
+/// on it (`$1` placeholders, a uuid and an integer bound): an application written for one
+/// database needs none of them.
+async fn run<DB>(pool: sqlx::Pool<DB>) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB: Backend,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    Uuid: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
     // 1. Schema: the application's own table, and the outbox's.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS quickstart_orders \

@@ -161,6 +161,7 @@ pub(crate) async fn check_postgres(pool: &PgPool) -> Result<(), Error> {
 
 /// [`check_schema`] for a backend whose history is the outbox's own: `applied`, or `None` when
 /// the database has no outbox table.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) fn check_own_history(
     migrator: &'static Migrator,
     applied: Option<&[i64]>,
@@ -216,10 +217,10 @@ fn judge(verdict: Verdict, table: &'static str) -> Result<(), Error> {
 /// [`check_schema`] for the relay's start: a database error (the database unreachable for a
 /// while) is logged and the check tried again, as the relay does with every database error;
 /// everything else is the answer.
-pub(crate) async fn await_schema(pool: &PgPool) -> Result<(), Error> {
+pub(crate) async fn await_schema(db: &crate::store::Db) -> Result<(), Error> {
     let mut retry = Duration::from_millis(100);
     loop {
-        match check_postgres(pool).await {
+        match db.check_schema().await {
             Err(Error::Database(error)) => {
                 tracing::warn!(error = %ErrorChain(&error), retry_in = ?retry, "cannot check the outbox schema");
             }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::error::{Error, ErrorChain};
-use crate::store;
+use crate::store::{self, Db};
 
 /// Rows deleted per statement: small enough that no statement holds many locks for long.
 pub(crate) const PURGE_BATCH: i64 = 1_000;
@@ -30,14 +30,14 @@ pub async fn purge_published(pool: &PgPool, older_than: Duration) -> Result<u64,
 /// A relay's retention task: purges once a minute, pausing between batches as long as the last
 /// one took, so the purge holds its connection half the time at most and never competes with
 /// delivery for long, yet deletes far faster than a relay publishes (see BENCHMARKS.md).
-pub(crate) async fn purge_periodically(pool: PgPool, keep_for: Duration) {
+pub(crate) async fn purge_periodically(pool: Db, keep_for: Duration) {
     let mut every = tokio::time::interval(Duration::from_secs(60));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         loop {
             let started = tokio::time::Instant::now();
-            match store::purge_published(&pool, keep_for, PURGE_BATCH).await {
+            match pool.purge_published(keep_for, PURGE_BATCH).await {
                 Ok(deleted) if deleted == PURGE_BATCH as u64 => {
                     tokio::time::sleep(started.elapsed()).await;
                 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::backend::Backend;
 use crate::error::Error;
 use crate::store;
 
@@ -26,9 +27,10 @@ pub struct OutboxStats {
     pub oldest_pending_age: Option<Duration>,
 }
 
-/// Reads [`OutboxStats`]: the totals of [`stats_by_type`], from the same statement.
-pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
-    Ok(OutboxStats::total(&stats_by_type(pool).await?))
+/// Reads [`OutboxStats`], on any [`Backend`]: on PostgreSQL the totals of [`stats_by_type`],
+/// from the same statement.
+pub async fn stats<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<OutboxStats, Error> {
+    DB::stats(pool).await
 }
 
 impl OutboxStats {

@@ -199,3 +199,27 @@ pub mod steps {
         Ok(!store::renew(pool, &[event_id], &[token], lease_timeout).await?.is_empty())
     }
 }
+
+/// The relay's statements on SQLite, by name, for the plan test: each is planned as written
+/// (unbound parameters are NULL, which changes no plan).
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    use crate::store::sqlite::{ops, relay};
+
+    /// Every one, named.
+    pub const ALL: &[(&str, &str)] = &[
+        ("lease candidates", relay::CANDIDATES),
+        ("next pending type", relay::NEXT_PENDING_TYPE),
+        ("lease", relay::LEASE),
+        ("lease expired", relay::LEASE_EXPIRED),
+        ("publish", relay::PUBLISH),
+        ("publish delete", relay::PUBLISH_DELETE),
+        ("fail", relay::FAIL),
+        ("release", relay::RELEASE),
+        ("snooze", relay::SNOOZE),
+        ("renew", relay::RENEW),
+        ("still leased", relay::STILL_LEASED),
+        ("purge published", relay::PURGE_PUBLISHED),
+        ("stats", ops::STATS),
+    ];
+}

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -16,7 +15,7 @@ use crate::relay::config::RelayConfig;
 use crate::relay::fan_out::Took;
 use crate::relay::held::Held;
 use crate::relay::metrics::RelayMetrics;
-use crate::store::{self, Copy, Failures, FanOuts, Snoozes};
+use crate::store::{self, Copy, Db, Failures, FanOuts, Snoozes};
 
 /// How a delivery ended.
 #[derive(Debug)]
@@ -70,7 +69,7 @@ const ACK_LINGER: Duration = Duration::from_millis(5);
 const BUSY_RETRY: Duration = Duration::from_millis(100);
 
 pub(crate) struct Acker {
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Db,
     pub(crate) held: Held,
     pub(crate) metrics: RelayMetrics,
     /// Whether a delivered row is marked published or deleted; and the lease timeout, how long
@@ -152,7 +151,7 @@ impl Acker {
         let written = self
             .write("publish", &delivered, |held| async move {
                 let (ids, tokens) = columns(&held);
-                let done = store::publish(pool, &ids, &tokens, on_publish).await?;
+                let done = pool.publish(&ids, &tokens, on_publish).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
             .await;
@@ -172,7 +171,7 @@ impl Acker {
                         failures.push(ack.event_id, token, error, failed.retry_in, max_attempts);
                     }
                 }
-                store::fail(pool, &failures).await
+                pool.fail(&failures).await
             })
             .await;
         for ack in &written.done {
@@ -189,7 +188,7 @@ impl Acker {
         let written = self
             .write("hand back", &handed_back, |held| async move {
                 let (ids, tokens) = columns(&held);
-                let done = store::release(pool, &ids, &tokens).await?;
+                let done = pool.release(&ids, &tokens).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
             .await;
@@ -204,7 +203,7 @@ impl Acker {
                         snoozes.push(ack.event_id, token, delay);
                     }
                 }
-                let done = store::snooze(pool, &snoozes).await?;
+                let done = pool.snooze(&snoozes).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
             .await;
@@ -221,6 +220,10 @@ impl Acker {
                         fan_outs.push(ack.event_id, token, took.iter().map(copy));
                     }
                 }
+                // `build` refuses subscribers on the other databases.
+                let Some(pool) = pool.postgres() else {
+                    return Err(sqlx::Error::Configuration("subscribers need PostgreSQL".into()));
+                };
                 let done = store::fan_out(pool, &fan_outs, on_publish).await?;
                 Ok(done.into_iter().map(|id| (id, false)).collect())
             })
@@ -267,7 +270,7 @@ impl Acker {
         let mut still_leased: HashSet<Uuid> = if missing_ids.is_empty() {
             HashSet::new()
         } else {
-            let check = || store::still_leased(&self.pool, &missing_ids, &missing_tokens);
+            let check = || self.pool.still_leased(&missing_ids, &missing_tokens);
             retrying("check leases", self.config.lease_timeout, check)
                 .await
                 .unwrap_or_default()
@@ -291,7 +294,7 @@ impl Acker {
         let leased_again = self.held.settle_written(written_under.map(|(id, token)| (*id, *token)));
         if !leased_again.is_empty() {
             let (ids, tokens): (Vec<Uuid>, Vec<Uuid>) = leased_again.into_iter().unzip();
-            let release = || store::release(&self.pool, &ids, &tokens);
+            let release = || self.pool.release(&ids, &tokens);
             // Not handed back: the new lease expires and the row is delivered then.
             let _ = retrying("hand back", self.config.lease_timeout, release).await;
         }

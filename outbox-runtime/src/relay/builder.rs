@@ -4,8 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
-
+use crate::backend::Backend;
 use crate::decode::{JsonUpcaster, JsonUpcasters};
 use crate::error::BoxError;
 use crate::event::{EventType, OutboxEvent};
@@ -21,7 +20,7 @@ use crate::relay::metrics::RelayMetrics;
 use crate::relay::pace::ORDERED_BATCH_SIZE;
 use crate::relay::registry::Registration;
 use crate::relay::{Plan, Relay, Routed, Routes, Subscribed, Subscribers};
-use crate::store::{LeasePlan, LeaseTypes, OnPublish, TypeVersions};
+use crate::store::{Db, LeasePlan, LeaseTypes, OnPublish, TypeVersions};
 
 /// The default concurrency of a relay that forwards to a broker.
 const FORWARDING_CONCURRENCY: usize = 256;
@@ -29,7 +28,8 @@ const FORWARDING_CONCURRENCY: usize = 256;
 /// Builds a [`Relay`]; start with [`Relay::builder`].
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RelayBuilder<S = ()> {
-    pool: PgPool,
+    /// The database, or the name of one the relay does not run on yet.
+    pool: Result<Db, &'static str>,
     state: S,
     handlers: Vec<Registered<S>>,
     upcasters: Vec<Upcaster>,
@@ -181,6 +181,17 @@ pub enum BuildError {
         /// The event type.
         event_type: &'static str,
     },
+    /// What the relay was asked for is not available on its database yet.
+    #[error(
+        "{what} is not available on {backend} yet: use PostgreSQL for it (the README's table \
+         of guarantees per database says what each one gives)"
+    )]
+    Unsupported {
+        /// The database: `"SQLite"`, `"MySQL"`.
+        backend: &'static str,
+        /// What it lacks.
+        what: &'static str,
+    },
     /// A forwarding destination template names a placeholder no row field fills.
     #[error(
         "invalid forwarding destination: {0} is not a placeholder; use {{aggregate_type}}, \
@@ -192,13 +203,14 @@ pub enum BuildError {
 impl Relay<()> {
     /// Starts building a relay that leases from the outbox through `pool`.
     ///
-    /// Handlers are free to use `pool` (transactional handlers do). The relay's own statements
-    /// run on up to six connections it opens with the pool's connect options: one to lease, up
-    /// to four to acknowledge and renew, for retention and gauges, and to register for
-    /// wake-ups, and one to LISTEN for new events.
-    pub fn builder(pool: PgPool) -> RelayBuilder<()> {
+    /// Handlers are free to use `pool` (transactional handlers do). On PostgreSQL the relay's
+    /// own statements run on up to six connections it opens with the pool's connect options:
+    /// one to lease, up to four to acknowledge and renew, for retention and gauges, and to
+    /// register for wake-ups, and one to LISTEN for new events. On SQLite they run on `pool`
+    /// (see the README's table of what each database gives).
+    pub fn builder<DB: Backend>(pool: sqlx::Pool<DB>) -> RelayBuilder<()> {
         RelayBuilder {
-            pool,
+            pool: DB::relay_db(pool),
             state: (),
             handlers: Vec::new(),
             upcasters: Vec::new(),
@@ -582,6 +594,8 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
 
     /// Checks the handlers and settings and builds the relay.
     pub fn build(self) -> Result<Relay<S>, BuildError> {
+        let pool =
+            self.pool.map_err(|backend| BuildError::Unsupported { backend, what: "the relay" })?;
         let mut config = self.config;
         config.concurrency = self.concurrency.unwrap_or(match self.forward {
             Some(_) => FORWARDING_CONCURRENCY,
@@ -613,6 +627,21 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
         }
         if self.handlers.is_empty() && self.forward.is_none() {
             return Err(BuildError::NoHandlers);
+        }
+        if pool.postgres().is_none() {
+            let unsupported = |what| Err(BuildError::Unsupported { backend: pool.name(), what });
+            if config.lease_mode == LeaseMode::HeldTransaction {
+                return unsupported("`LeaseMode::HeldTransaction`");
+            }
+            if self.forward_as.is_some() || self.handlers.iter().any(|h| h.subscriber.is_some()) {
+                return unsupported("subscribers");
+            }
+            if self.handlers.iter().any(|h| h.route.is_transactional()) {
+                return unsupported(
+                    "a handler that writes in the acknowledgement's transaction \
+                     (`TransactionContext`)",
+                );
+            }
         }
 
         let mut routes: Routes<S> = HashMap::new();
@@ -857,7 +886,7 @@ impl<S: Clone + Send + Sync + 'static> RelayBuilder<S> {
             }),
         };
         Ok(Relay {
-            pool: self.pool,
+            pool,
             state: self.state,
             routes,
             newest_read,

@@ -16,6 +16,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
+use crate::store::Db;
+
 use crate::error::{Error, ErrorChain};
 use crate::relay::config::LeaseMode;
 use crate::relay::held_transaction::BATCHES_IN_FLIGHT;
@@ -34,12 +36,12 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Connections {
     /// The lease statement's, the drain's bound (one per batch in flight for a relay that holds
     /// its rows in transactions).
-    pub(crate) lease: PgPool,
+    pub(crate) lease: Db,
     /// Acknowledgements and renewals (up to four at once), retention, gauges, wake-up
     /// registrations and the listener's check.
-    pub(crate) relay: PgPool,
-    /// LISTEN for new events.
-    pub(crate) listen: PgPool,
+    pub(crate) relay: Db,
+    /// LISTEN for new events, on PostgreSQL.
+    pub(crate) listen: Option<PgPool>,
 }
 
 impl Connections {
@@ -56,7 +58,19 @@ impl Connections {
     /// lease connection per batch in flight, on which the server ends a transaction that waits
     /// longer than the lease timeout for its next statement: so the rows of a relay that stopped
     /// answering come free.
-    pub(crate) fn open(pool: &PgPool, lease_mode: LeaseMode, lease_timeout: Duration) -> Self {
+    ///
+    /// On SQLite the relay uses the application's pool: the database takes one writer at a
+    /// time whatever the pool, and a `sqlite::memory:` database exists only for that pool's
+    /// connections.
+    pub(crate) fn open(db: &Db, lease_mode: LeaseMode, lease_timeout: Duration) -> Self {
+        match db {
+            Db::Postgres(pool) => Self::postgres(pool, lease_mode, lease_timeout),
+            #[cfg(feature = "sqlite")]
+            Db::Sqlite(_) => Connections { lease: db.clone(), relay: db.clone(), listen: None },
+        }
+    }
+
+    fn postgres(pool: &PgPool, lease_mode: LeaseMode, lease_timeout: Duration) -> Self {
         let options = |name| (*pool.connect_options()).clone().application_name(name);
         let statements = |connections, name, idle_in_transaction: Option<Duration>| {
             PgPoolOptions::new()
@@ -78,26 +92,32 @@ impl Connections {
             LeaseMode::HeldTransaction => (BATCHES_IN_FLIGHT, Some(lease_timeout)),
         };
         Connections {
-            lease: statements(lease, "outbox-relay-lease", idle_in_transaction),
-            relay: statements(4, "outbox-relay", None),
-            listen: PgPoolOptions::new()
-                .max_connections(1)
-                .test_before_acquire(false)
-                .connect_lazy_with(options("outbox-relay-listen")),
+            lease: Db::Postgres(statements(lease, "outbox-relay-lease", idle_in_transaction)),
+            relay: Db::Postgres(statements(4, "outbox-relay", None)),
+            listen: Some(
+                PgPoolOptions::new()
+                    .max_connections(1)
+                    .test_before_acquire(false)
+                    .connect_lazy_with(options("outbox-relay-listen")),
+            ),
         }
     }
 
-    /// Closes the statement connections (the listener's goes with its task).
+    /// Closes the statement connections (the listener's goes with its task); on SQLite,
+    /// nothing: they are the application's.
     pub(crate) async fn close(&self) {
-        self.lease.close().await;
-        self.relay.close().await;
+        if let (Some(lease), Some(relay)) = (self.lease.postgres(), self.relay.postgres()) {
+            lease.close().await;
+            relay.close().await;
+        }
     }
 }
 
 /// Waits until it can tell whether connections made with `pool`'s connect options keep their
 /// session; [`Error::TransactionPooling`] if they do not. While the database cannot be reached
-/// it retries, as the relay does every statement.
-pub(crate) async fn check_sessions(pool: &PgPool) -> Result<(), Error> {
+/// it retries, as the relay does every statement. Only PostgreSQL is reached through poolers.
+pub(crate) async fn check_sessions(db: &Db) -> Result<(), Error> {
+    let Some(pool) = db.postgres() else { return Ok(()) };
     let options = (*pool.connect_options()).clone().application_name("outbox-relay-check");
     let mut retry = Duration::from_millis(100);
     loop {

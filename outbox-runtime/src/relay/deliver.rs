@@ -5,7 +5,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use futures_util::FutureExt;
-use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -23,7 +22,7 @@ use crate::relay::metrics::RelayMetrics;
 use crate::relay::outcome::Verdict;
 use crate::relay::pace::Pace;
 use crate::relay::Subscribed;
-use crate::store::LeasedEvent;
+use crate::store::{Db, LeasedEvent};
 
 /// Longest error text kept in `last_error`.
 const MAX_ERROR_LEN: usize = 4_096;
@@ -37,7 +36,7 @@ pub(crate) struct Delivery<S> {
     pub(crate) row: LeasedEvent,
     pub(crate) lease: HeldLease,
     /// The builder's pool, for transactional handlers.
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Db,
     /// For how a transactional handler's acknowledgement treats the row.
     pub(crate) config: Arc<RelayConfig>,
     pub(crate) acks: UnboundedSender<Ack>,

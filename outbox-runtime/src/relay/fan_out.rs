@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use sqlx::PgPool;
 
 use crate::decode::JsonUpcasters;
 use crate::error::ErrorChain;
@@ -23,7 +22,7 @@ use crate::relay::handler::{DeliveryLease, Payload, Settled};
 use crate::relay::held::HeldLease;
 use crate::relay::outcome::Verdict;
 use crate::relay::{Subscribed, Subscribers};
-use crate::store;
+use crate::store::{self, Db};
 
 /// How an event ended for one subscriber delivered with it.
 #[derive(Debug)]
@@ -43,7 +42,7 @@ pub(crate) enum Took {
 pub(super) struct FanOut<'a> {
     pub(super) row: &'a store::LeasedEvent,
     pub(super) upcasters: &'a JsonUpcasters,
-    pub(super) pool: &'a PgPool,
+    pub(super) pool: &'a Db,
     pub(super) lease: &'a HeldLease,
 }
 
@@ -60,8 +59,11 @@ impl FanOut<'_> {
         // of its aggregate: those subscribers get a copy, which waits behind theirs.
         let behind = if row.ordered {
             let skip_dead = config.dead_ordered_events == DeadOrderedEvents::SkipPast;
-            match store::behind(self.pool, &row.aggregate_type, &row.aggregate_id, skip_dead).await
-            {
+            // `build` refuses subscribers on the other databases.
+            let Some(pool) = self.pool.postgres() else {
+                return Outcome::HandedBack;
+            };
+            match store::behind(pool, &row.aggregate_type, &row.aggregate_id, skip_dead).await {
                 Ok(behind) => behind,
                 Err(error) => {
                     tracing::warn!(
@@ -135,16 +137,15 @@ impl FanOut<'_> {
 /// Registers the relay's subscribers, retrying while the database cannot be reached: an event's
 /// acknowledgement writes copies for the registered subscribers only, so a subscriber is
 /// registered before its relay leases anything.
-pub(super) async fn register<S>(pool: &PgPool, subscribers: &Subscribers<S>) {
+pub(super) async fn register<S>(db: &Db, subscribers: &Subscribers<S>) {
     let mut keys = (Vec::new(), Vec::new(), Vec::new());
     for (aggregate_type, event_type, subscriber) in subscribers.iter() {
         keys.0.push(aggregate_type);
         keys.1.push(event_type);
         keys.2.push(&*subscriber.name);
     }
-    if keys.0.is_empty() {
-        return;
-    }
+    // `build` refuses subscribers on the other databases.
+    let (false, Some(pool)) = (keys.0.is_empty(), db.postgres()) else { return };
     let mut retry = Duration::from_millis(100);
     while let Err(error) = store::register_subscribers(pool, &keys.0, &keys.1, &keys.2).await {
         tracing::warn!(

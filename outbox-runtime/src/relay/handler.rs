@@ -136,7 +136,7 @@ pub(crate) type RouteFuture =
 /// The lease a delivery runs under, for routes that acknowledge in their own transaction.
 pub(crate) struct DeliveryLease {
     /// The pool handed to the builder: handler transactions run there.
-    pub(crate) pool: sqlx::PgPool,
+    pub(crate) pool: crate::store::Db,
     pub(crate) lease: HeldLease,
     /// Whether the acknowledgement marks the row published or deletes it.
     pub(crate) on_publish: OnPublish,

@@ -93,6 +93,8 @@ pub(crate) async fn run<S: Clone + Send + Sync + 'static>(
     wake: &Notify,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let lease_pool =
+        connections.lease.postgres().expect("`build` refuses held transactions but on PostgreSQL");
     let mut shutdown = std::pin::pin!(shutdown.fuse());
     let mut idle = Idle::new(relay.plan.wakes_for.clone(), relay.config.poll_interval);
     let (stop, stopping) = watch::channel(false);
@@ -120,7 +122,7 @@ pub(crate) async fn run<S: Clone + Send + Sync + 'static>(
                 relay.config.lease_timeout / 3,
                 batch_size.next(),
             );
-            leasing = Some(lease(plan, sink_down, cursor, asked, &connections.lease));
+            leasing = Some(lease(plan, sink_down, cursor, asked, lease_pool));
         }
         tokio::select! {
             biased;

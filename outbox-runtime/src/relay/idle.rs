@@ -6,6 +6,9 @@
 //! send NOTIFY only while a relay that wants their event type is registered, because NOTIFY
 //! makes committing transactions queue on a database-wide lock.
 //!
+//! Only PostgreSQL has NOTIFY: on the other databases a relay lingers alike, then looks again
+//! at each poll interval.
+//!
 //! A producer that inserted before the registration raised the flag may never look for sleepers
 //! (see `store/sleepers.rs`), so its commit may wake nobody. The relay reads which transactions
 //! were writing to `outbox.events` once it registered, looks once more, and then again each time
@@ -22,7 +25,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::ErrorChain;
-use crate::store;
+use crate::store::{self, Db};
 
 /// How long a relay keeps looking by itself after it last found rows.
 const LINGER: Duration = Duration::from_millis(50);
@@ -65,20 +68,24 @@ impl Idle {
     }
 
     /// The relay found rows: it is awake, and producers need not wake it.
-    pub(crate) async fn found_work(&mut self, pool: &PgPool) {
+    pub(crate) async fn found_work(&mut self, db: &Db) {
         self.lingering_until = Instant::now() + LINGER;
         if self.registered_until.is_some() {
-            self.unregister(pool).await;
+            self.unregister(db).await;
         }
     }
 
     /// The relay found nothing: waits until it should look again.
-    pub(crate) async fn wait(&mut self, pool: &PgPool, wake: &Notify) {
+    pub(crate) async fn wait(&mut self, db: &Db, wake: &Notify) {
         let now = Instant::now();
         if now < self.lingering_until {
             nap(wake, LINGER_POLL).await;
             return;
         }
+        let Some(pool) = db.postgres() else {
+            nap(wake, self.poll_interval).await;
+            return;
+        };
         let lapsing = self.registered_until.is_none_or(|until| until < now + self.poll_interval);
         if lapsing {
             match self.register(pool, now).await {
@@ -151,9 +158,10 @@ impl Idle {
     }
 
     /// Withdraws the registration, if any: at shutdown, or once awake.
-    pub(crate) async fn unregister(&mut self, pool: &PgPool) {
+    pub(crate) async fn unregister(&mut self, db: &Db) {
         self.registered_until = None;
         self.unseen.clear();
+        let Some(pool) = db.postgres() else { return };
         if let Err(error) = store::unregister_sleeper(pool, self.relay_id).await {
             tracing::debug!(error = %ErrorChain(&error), "cannot withdraw the outbox wake-up registration");
         }

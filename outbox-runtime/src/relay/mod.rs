@@ -48,14 +48,13 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::decode::JsonUpcasters;
 use crate::error::{Error, ErrorChain};
 use crate::forward;
-use crate::store::{LeasePlan, LeasedEvent};
+use crate::store::{Db, LeasePlan, LeasedEvent};
 use acker::{Ack, Acker};
 use config::{Policy, RelayConfig};
 use connections::Connections;
@@ -138,7 +137,7 @@ struct Subscribed<S> {
 /// Any number of relays, in one process or many, can share one outbox table: a leased row is
 /// hidden from the others until its lease is acknowledged or expires.
 pub struct Relay<S = ()> {
-    pool: PgPool,
+    pool: Db,
     state: S,
     routes: Routes<S>,
     /// The newest version each handler reads, by `(aggregate_type, event_type)`.
@@ -228,12 +227,13 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
         let wake = Arc::new(Notify::new());
         // Background tasks die with this future, should the caller drop it instead of
         // signalling shutdown; leased rows then come back when their leases expire.
-        let listener = AbortOnDrop::spawn(listener::listen(
-            connections.listen.clone(),
-            connections.relay.clone(),
-            wake.clone(),
-            config.poll_interval,
-        ));
+        let listener = connections.listen.clone().zip(connections.relay.postgres().cloned()).map(
+            |(listen, notifier)| {
+                let listening =
+                    listener::listen(listen, notifier, wake.clone(), config.poll_interval);
+                AbortOnDrop::spawn(listening)
+            },
+        );
         let chores = self.chores(&connections.relay, &wake);
         let (stop_heartbeat, heartbeat_stop) = oneshot::channel();
         let mut registered = AbortOnDrop::spawn(registry::keep_registered(
@@ -311,7 +311,7 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
     }
 
     /// The tasks beside the work: retention, if set, the metrics gauges, and the sink's probe.
-    fn chores(&self, pool: &PgPool, wake: &Arc<Notify>) -> Vec<AbortOnDrop<()>> {
+    fn chores(&self, pool: &Db, wake: &Arc<Notify>) -> Vec<AbortOnDrop<()>> {
         let mut chores = Vec::new();
         if let Some(Forwarding { sink, health }) = &self.forwarding {
             let probe = forward::probe(sink.clone(), health.clone(), wake.clone());
@@ -321,8 +321,9 @@ impl<S: Clone + Send + Sync + 'static> Relay<S> {
             let purge = crate::retention::purge_periodically(pool.clone(), keep_for);
             chores.push(AbortOnDrop::spawn(purge));
         }
+        // The table-wide gauges are PostgreSQL's so far.
         #[cfg(feature = "metrics")]
-        {
+        if let Some(pool) = pool.postgres() {
             let newest_read = self.newest_read.clone();
             chores.push(AbortOnDrop::spawn(metrics::refresh_gauges(pool.clone(), newest_read)));
         }
@@ -391,7 +392,7 @@ impl<S> Relay<S> {
 /// What `testing::drain` reads to tell when the relay has nothing left to deliver soon.
 #[cfg(feature = "testing")]
 impl<S> Relay<S> {
-    pub(crate) fn pool(&self) -> &PgPool {
+    pub(crate) fn pool(&self) -> &Db {
         &self.pool
     }
 

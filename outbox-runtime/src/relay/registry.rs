@@ -1,6 +1,7 @@
 //! The relay's entry in `outbox.relays` (see `crate::relays`): written at start, refreshed by a
 //! heartbeat with the rows it holds and the events it delivered, removed when it stops. It is for
-//! operators: failing to write it is logged and never stops the relay.
+//! operators: failing to write it is logged and never stops the relay. PostgreSQL's alone so far:
+//! on the other databases a relay keeps no entry.
 
 use sqlx::PgPool;
 use tokio::sync::oneshot;
@@ -10,7 +11,7 @@ use crate::error::{Error, ErrorChain};
 use crate::relay::held::HeldRows;
 use crate::relay::metrics::RelayMetrics;
 use crate::relays::{FORGET_AFTER, HEARTBEAT_INTERVAL};
-use crate::store::{self, RelayEntry};
+use crate::store::{self, Db, RelayEntry};
 
 /// What a relay says of itself, decided when it was built.
 #[derive(Debug, Clone)]
@@ -22,12 +23,16 @@ pub(crate) struct Registration {
 
 /// Keeps the relay's entry until `stop` fires or is dropped, then removes it.
 pub(crate) async fn keep_registered(
-    pool: PgPool,
+    db: Db,
     registration: Registration,
     held: HeldRows,
     metrics: RelayMetrics,
     mut stop: oneshot::Receiver<()>,
 ) {
+    let Some(pool) = db.postgres().cloned() else {
+        let _ = stop.await;
+        return;
+    };
     let entry = RelayEntry {
         relay_id: Uuid::new_v4(),
         host: gethostname::gethostname().to_string_lossy().into_owned(),

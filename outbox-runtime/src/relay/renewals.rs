@@ -7,15 +7,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use tokio::time::Instant;
 
 use crate::error::ErrorChain;
 use crate::relay::held::Held;
-use crate::store;
+use crate::store::Db;
 
 /// Renews leases of `lease_timeout` until cancelled.
-pub(crate) async fn renew_periodically(held: Held, pool: PgPool, lease_timeout: Duration) {
+pub(crate) async fn renew_periodically(held: Held, pool: Db, lease_timeout: Duration) {
     let mut renewals = tokio::time::interval(lease_timeout / 3);
     renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renewals.tick().await;
@@ -28,13 +27,13 @@ pub(crate) async fn renew_periodically(held: Held, pool: PgPool, lease_timeout: 
 /// Renews every held lease, and moves the deadlines of those renewed. A lease the statement did
 /// not renew (taken over, or locked by someone else right now) keeps its deadline: its delivery
 /// is cancelled when that passes, and not before, since until then no other relay can have it.
-async fn renew(held: &Held, pool: &PgPool, lease_timeout: Duration) {
+async fn renew(held: &Held, pool: &Db, lease_timeout: Duration) {
     let (ids, tokens) = held.tokens();
     if ids.is_empty() {
         return;
     }
     let sent_at = Instant::now();
-    match store::renew(pool, &ids, &tokens, lease_timeout).await {
+    match pool.renew(&ids, &tokens, lease_timeout).await {
         Ok(renewed) => {
             tracing::debug!(
                 held = ids.len(),

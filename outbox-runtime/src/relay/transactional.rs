@@ -132,7 +132,11 @@ where
                 );
                 Settled::Unavailable(why)
             };
-            let tx = match lease.pool.begin().await {
+            // `build` refuses transactional handlers on the other databases.
+            let Some(pool) = lease.pool.postgres() else {
+                return Err("transactional handlers need PostgreSQL".into());
+            };
+            let tx = match pool.begin().await {
                 Ok(tx) => tx,
                 Err(error) => {
                     return Ok(unavailable("cannot begin the handler's transaction", error))

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
@@ -27,7 +26,7 @@ use crate::relay::held::{Held, Leasing};
 use crate::relay::idle::Idle;
 use crate::relay::pace::{BatchSize, Pace};
 use crate::relay::Relay;
-use crate::store::{self, LeasePlan, LeasedEvent, Scan};
+use crate::store::{Db, LeasePlan, LeasedEvent, Scan};
 
 /// Most finished deliveries waiting for their acknowledgement before the relay stops leasing:
 /// when acknowledgements lag, the relay does not take more rows than it can acknowledge.
@@ -228,7 +227,7 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         relay: &Relay<S>,
         plan: &'r LeasePlan,
         sink_down: bool,
-        pool: &PgPool,
+        db: &Db,
     ) -> Lease<'r> {
         let config = &relay.config;
         let asked = self.pace.lease_limit(
@@ -245,10 +244,10 @@ impl<S: Clone + Send + Sync + 'static> Work<S> {
         };
         let from_head = positions.is_none();
         let held = self.held.ids();
-        let pool = pool.clone();
+        let db = db.clone();
         let rows = async move {
             let scan = positions.as_ref().map_or(Scan::Full, Scan::From);
-            store::lease(&pool, plan, scan, i64::from(asked), &held).await
+            db.lease(plan, scan, i64::from(asked), &held).await
         };
         Lease {
             rows: rows.boxed(),

@@ -10,15 +10,20 @@ use std::future::Future;
 use uuid::Uuid;
 
 use crate::error::Error;
+use crate::stats::OutboxStats;
 
+mod db;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod new_events;
+mod outcomes;
 mod postgres;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 
+pub(crate) use db::Db;
 pub(crate) use new_events::{micros, Available, InsertShared, NewEvents};
+pub(crate) use outcomes::{Failures, Snoozes};
 pub(crate) use postgres::*;
 
 /// What the crate asks of a database, implemented once per backend (the public face is
@@ -48,6 +53,13 @@ pub trait Store: sqlx::Database {
 
     /// Checks that the tables have every migration this version needs.
     fn check_schema(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The outbox's health figures.
+    fn stats(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<OutboxStats, Error>> + Send;
+
+    /// The pool as a relay holds it; `Err` with the database's name where the relay does not
+    /// run yet.
+    fn relay_db(pool: sqlx::Pool<Self>) -> Result<Db, &'static str>;
 }
 
 /// A statement built at run time, for sqlx (0.9 asks that it be marked). Only its shape is

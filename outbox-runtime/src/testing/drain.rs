@@ -86,7 +86,11 @@ impl<S: Clone + Send + Sync + 'static> Drain<S> {
     pub async fn run(self) -> Result<DrainReport, DrainError> {
         let relay = self.builder.or_test_speeds(POLL_INTERVAL, BACKOFF).build()?;
         let metrics = relay.metrics();
-        let pool = relay.pool().clone();
+        // Its reading is PostgreSQL's so far.
+        let Some(pool) = relay.pool().postgres().cloned() else {
+            let backend = relay.pool().name();
+            return Err(BuildError::Unsupported { backend, what: "`testing::drain`" }.into());
+        };
         // What the relay refuses to start on (no schema, an outdated one) is the relay's error,
         // before the drain's own readings could fail on it.
         crate::check_schema(&pool).await.map_err(DrainError::Relay)?;

@@ -3,6 +3,7 @@
 //! alike: no `RETURNING` (MySQL has none), no partial indexes, instants from `UTC_TIMESTAMP(6)`.
 
 mod emit;
+mod ops;
 mod schema;
 
 use sqlx::{MySql, MySqlConnection, MySqlPool};
@@ -13,6 +14,14 @@ use crate::error::Error;
 
 impl Store for MySql {
     const MAX_ID_CHARS: usize = emit::MAX_ID_CHARS;
+
+    async fn stats(pool: &MySqlPool) -> Result<crate::stats::OutboxStats, Error> {
+        Ok(ops::stats(pool).await?)
+    }
+
+    fn relay_db(_: MySqlPool) -> Result<crate::store::Db, &'static str> {
+        Err("MySQL")
+    }
 
     async fn insert_events(
         conn: &mut MySqlConnection,

@@ -23,6 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{micros, Query, RowAddress, Rows, Scalar};
+use crate::store::outcomes::{Failure, Failures, Snoozes};
 
 /// The `ctid`s of the rows `$1` (ids) still leased under `$2` (tokens, column-wise), locked.
 /// The fence: a row is touched only under the lease token named, and never once it is
@@ -314,7 +315,7 @@ pub(super) fn publish_one_query<'q>(
 
 /// Rows to hand back with a value each, for one statement: the ids and tokens, and
 /// `{"<event id>": value}`.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct ByRow {
     event_ids: Vec<Uuid>,
     tokens: Vec<Uuid>,
@@ -328,22 +329,22 @@ impl ByRow {
         self.values.insert(event_id.to_string(), value);
     }
 
-    fn query<O>(&self, sql: &'static str) -> Rows<'_, O>
+    fn query<O>(self, sql: &'static str) -> Rows<'static, O>
     where
         O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
     {
         sqlx::query_as(sql)
-            .bind(&self.event_ids)
-            .bind(&self.tokens)
-            .bind(sqlx::types::Json(&self.values))
+            .bind(self.event_ids)
+            .bind(self.tokens)
+            .bind(sqlx::types::Json(self.values))
     }
 
     /// The statement for rows of a held transaction: the ids and the values, no tokens.
-    fn held_query<O>(&self, sql: &'static str) -> Rows<'_, O>
+    fn held_query<O>(self, sql: &'static str) -> Rows<'static, O>
     where
         O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
     {
-        sqlx::query_as(sql).bind(&self.event_ids).bind(sqlx::types::Json(&self.values))
+        sqlx::query_as(sql).bind(self.event_ids).bind(sqlx::types::Json(self.values))
     }
 }
 
@@ -395,33 +396,11 @@ pub(crate) async fn fan_out(
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
-pub(super) fn fan_out_query(fan_outs: &FanOuts, on_publish: OnPublish) -> Rows<'_, (Uuid,)> {
-    fan_outs.0.query(match on_publish {
+pub(super) fn fan_out_query(fan_outs: &FanOuts, on_publish: OnPublish) -> Rows<'static, (Uuid,)> {
+    fan_outs.0.clone().query(match on_publish {
         OnPublish::Mark => FAN_OUT,
         OnPublish::Delete => FAN_OUT_DELETE,
     })
-}
-
-/// Failed deliveries, for one [`fail`] statement.
-#[derive(Default)]
-pub(crate) struct Failures(ByRow);
-
-impl Failures {
-    /// A failure: its error, when the row is due again, the most attempts of its handler (0:
-    /// dead now).
-    pub(crate) fn push(
-        &mut self,
-        event_id: Uuid,
-        token: Uuid,
-        error: String,
-        retry_in: Duration,
-        max_attempts: u32,
-    ) {
-        // `build()` keeps the most attempts within `i32`.
-        let max_attempts = i32::try_from(max_attempts).unwrap_or(i32::MAX);
-        let value = serde_json::json!([error, micros(retry_in), max_attempts]);
-        self.0.push(event_id, token, value);
-    }
 }
 
 /// Records failed deliveries: counts the attempt, keeps the error, schedules the retry, and
@@ -433,18 +412,27 @@ pub(crate) async fn fail(
     fail_query(failures).fetch_all(pool).await
 }
 
-pub(super) fn fail_query(failures: &Failures) -> Rows<'_, (Uuid, bool)> {
-    failures.0.query(FAIL)
+pub(super) fn fail_query(failures: &Failures) -> Rows<'static, (Uuid, bool)> {
+    failed(failures).query(FAIL)
 }
 
-/// Snoozed deliveries, for one [`snooze`] statement.
-#[derive(Default)]
-pub(crate) struct Snoozes(ByRow);
-
-impl Snoozes {
-    pub(crate) fn push(&mut self, event_id: Uuid, token: Uuid, delay: Duration) {
-        self.0.push(event_id, token, micros(delay).into());
+/// Each failure's error, retry delay and most attempts, by row.
+fn failed(failures: &Failures) -> ByRow {
+    let mut by_row = ByRow::default();
+    for failure in &failures.0 {
+        let Failure { event_id, token, error, retry_in, max_attempts } = failure;
+        by_row.push(*event_id, *token, serde_json::json!([error, micros(*retry_in), max_attempts]));
     }
+    by_row
+}
+
+/// Each snooze's delay, by row.
+fn snoozed(snoozes: &Snoozes) -> ByRow {
+    let mut by_row = ByRow::default();
+    for &(event_id, token, delay) in &snoozes.0 {
+        by_row.push(event_id, token, micros(delay).into());
+    }
+    by_row
 }
 
 /// Hands snoozed rows back, due after their delays, without counting an attempt. Returns the
@@ -454,8 +442,8 @@ pub(crate) async fn snooze(pool: &PgPool, snoozes: &Snoozes) -> Result<Vec<Uuid>
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
-pub(super) fn snooze_query(snoozes: &Snoozes) -> Rows<'_, (Uuid,)> {
-    snoozes.0.query(SNOOZE)
+pub(super) fn snooze_query(snoozes: &Snoozes) -> Rows<'static, (Uuid,)> {
+    snoozed(snoozes).query(SNOOZE)
 }
 
 /// Hands leased rows back without counting an attempt. Returns the ids done.
@@ -531,8 +519,8 @@ pub(crate) async fn fail_held(
     fail_held_query(failures).fetch_all(tx).await
 }
 
-pub(super) fn fail_held_query(failures: &Failures) -> Rows<'_, (Uuid, bool)> {
-    failures.0.held_query(HELD_FAIL)
+pub(super) fn fail_held_query(failures: &Failures) -> Rows<'static, (Uuid, bool)> {
+    failed(failures).held_query(HELD_FAIL)
 }
 
 /// [`snooze`] for rows of the held transaction `tx` (their tokens are not read).
@@ -544,6 +532,6 @@ pub(crate) async fn snooze_held(
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
-pub(super) fn snooze_held_query(snoozes: &Snoozes) -> Rows<'_, (Uuid,)> {
-    snoozes.0.held_query(HELD_SNOOZE)
+pub(super) fn snooze_held_query(snoozes: &Snoozes) -> Rows<'static, (Uuid,)> {
+    snoozed(snoozes).held_query(HELD_SNOOZE)
 }

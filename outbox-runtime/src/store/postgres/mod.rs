@@ -38,7 +38,7 @@ pub(crate) mod testing;
 
 pub(crate) use ack::{
     fail, fail_held, fan_out, publish, publish_held, publish_in, release, renew, snooze,
-    snooze_held, still_leased, Copy, Failures, FanOuts, OnPublish, Snoozes,
+    snooze_held, still_leased, Copy, FanOuts, OnPublish,
 };
 #[cfg_attr(not(feature = "console"), allow(unused_imports))]
 pub(crate) use activity::{activity, ActivityRow};
@@ -124,6 +124,14 @@ pub(crate) const NOTIFY_CHANNEL: &str = "outbox_events";
 pub(crate) use super::micros;
 
 impl super::Store for Postgres {
+    async fn stats(pool: &sqlx::PgPool) -> Result<crate::stats::OutboxStats, crate::error::Error> {
+        Ok(crate::stats::OutboxStats::total(&crate::stats::stats_by_type(pool).await?))
+    }
+
+    fn relay_db(pool: sqlx::PgPool) -> Result<crate::store::Db, &'static str> {
+        Ok(crate::store::Db::Postgres(pool))
+    }
+
     async fn insert_events(
         conn: &mut sqlx::PgConnection,
         shared: super::InsertShared<'_>,
@@ -158,7 +166,7 @@ mod tests {
 
     use super::*;
     use crate::event::EventType;
-    use crate::store::{Available, InsertShared, NewEvents};
+    use crate::store::{Available, Failures, InsertShared, NewEvents, Snoozes};
 
     /// The highest `$N` a statement names.
     fn highest_parameter(sql: &str) -> usize {

@@ -62,7 +62,7 @@ pub(super) async fn insert_events(
 
 /// A delay in microseconds (capped at a century by `micros`, within SQLite's last year, 9999)
 /// as a `strftime` modifier.
-fn delay_modifier(micros: i64) -> String {
+pub(super) fn delay_modifier(micros: i64) -> String {
     format!("+{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000)
 }
 

@@ -6,6 +6,8 @@
 //! commit, with no lock of the crate's own.
 
 mod emit;
+pub(crate) mod ops;
+pub(crate) mod relay;
 mod schema;
 
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
@@ -13,12 +15,21 @@ use uuid::Uuid;
 
 use super::{InsertShared, NewEvents, Store};
 use crate::error::Error;
+use emit::delay_modifier;
 
 /// An instant as the schema stores it: UTC, as SQLite's `strftime('%Y-%m-%d %H:%M:%f')` writes
 /// it, so that bound and computed instants compare as text.
 const INSTANT: &str = "%Y-%m-%d %H:%M:%S%.3f";
 
 impl Store for Sqlite {
+    async fn stats(pool: &SqlitePool) -> Result<crate::stats::OutboxStats, Error> {
+        Ok(ops::stats(pool).await?)
+    }
+
+    fn relay_db(pool: SqlitePool) -> Result<crate::store::Db, &'static str> {
+        Ok(crate::store::Db::Sqlite(pool))
+    }
+
     async fn insert_events(
         conn: &mut SqliteConnection,
         shared: InsertShared<'_>,
