@@ -337,7 +337,8 @@ async fn a_relay_that_dies_holding_a_lease_leaves_the_event_to_the_next_after_th
             }
         }
     };
-    let second = Relay::builder(pool.clone()).handler(handler).lease_timeout(lease).build().unwrap();
+    let second =
+        Relay::builder(pool.clone()).handler(handler).lease_timeout(lease).build().unwrap();
     run_until(second, delivered.until(|ids| !ids.is_empty())).await;
     assert_eq!(*seen.lock().unwrap(), vec![(event_id, 1)], "delivered again, its expiry counted");
     let (attempts, expired_leases, _, published, _) = row(&pool, event_id).await;
@@ -370,7 +371,8 @@ async fn an_event_whose_leases_expire_too_often_dies() {
             }
         }
     };
-    let relay = Relay::builder(pool.clone()).handler(handler).max_expired_leases(1).build().unwrap();
+    let relay =
+        Relay::builder(pool.clone()).handler(handler).max_expired_leases(1).build().unwrap();
     run_until(relay, async {
         eventually("the event dead", || async { row(&pool, event_id).await.4 }).await;
     })
@@ -449,8 +451,10 @@ async fn retention_purges_published_events_and_keeps_the_rest() {
         .await;
     })
     .await;
-    let left: Vec<Uuid> =
-        sqlx::query_scalar("SELECT event_id FROM outbox_events ORDER BY seq").fetch_all(&pool).await.unwrap();
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox_events ORDER BY seq")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(left, ids[1..], "the dead event and the one delivered just now stay");
 }
 
@@ -458,10 +462,8 @@ async fn retention_purges_published_events_and_keeps_the_rest() {
 async fn build_refuses_what_the_relay_does_not_do_on_sqlite_yet() {
     let (_file, pool) = outbox().await;
     let plain = |_: EventContext, _: OrderPlaced| async { Ok::<(), std::io::Error>(()) };
-    let held = Relay::builder(pool.clone())
-        .handler(plain)
-        .lease_mode(LeaseMode::HeldTransaction)
-        .build();
+    let held =
+        Relay::builder(pool.clone()).handler(plain).lease_mode(LeaseMode::HeldTransaction).build();
     let unsupported = |what| BuildError::Unsupported { backend: "SQLite", what };
     assert_eq!(held.err(), Some(unsupported("`LeaseMode::HeldTransaction`")));
     let subscribed = Relay::builder(pool.clone()).subscriber("receipts", plain).build();
