@@ -223,3 +223,28 @@ pub mod sqlite {
         ("stats", ops::STATS),
     ];
 }
+
+/// The relay's statements on MySQL and MariaDB, by name, for the plan test.
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    use crate::store::mysql::{ops, relay};
+
+    /// Every one, named.
+    pub const ALL: &[(&str, &str)] = &[
+        ("head", relay::HEAD),
+        ("lease candidates", relay::CANDIDATES),
+        ("next pending type", relay::NEXT_PENDING_TYPE),
+        ("lease", relay::LEASE),
+        ("leased", relay::LEASED),
+        ("fenced", relay::FENCED),
+        ("still leased", relay::STILL_LEASED),
+        ("publish", relay::PUBLISH),
+        ("publish delete", relay::PUBLISH_DELETE),
+        ("fail", relay::FAIL),
+        ("release", relay::RELEASE),
+        ("snooze", relay::SNOOZE),
+        ("renew", relay::RENEW),
+        ("purge published", relay::PURGE_PUBLISHED),
+        ("stats", ops::STATS),
+    ];
+}

@@ -67,6 +67,32 @@ impl Connections {
             Db::Postgres(pool) => Self::postgres(pool, lease_mode, lease_timeout),
             #[cfg(feature = "sqlite")]
             Db::Sqlite(_) => Connections { lease: db.clone(), relay: db.clone(), listen: None },
+            #[cfg(feature = "mysql")]
+            Db::MySql(pool) => Self::mysql(pool),
+        }
+    }
+
+    /// On MySQL: one connection to lease, four for the rest, in `READ COMMITTED`, where a
+    /// locking read takes no gap locks (which would hold back producers' inserts).
+    #[cfg(feature = "mysql")]
+    fn mysql(pool: &sqlx::MySqlPool) -> Self {
+        let statements = |connections| {
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(connections)
+                .test_before_acquire(false)
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .connect_lazy_with((*pool.connect_options()).clone())
+        };
+        Connections {
+            lease: Db::MySql(statements(1)),
+            relay: Db::MySql(statements(4)),
+            listen: None,
         }
     }
 
@@ -106,9 +132,14 @@ impl Connections {
     /// Closes the statement connections (the listener's goes with its task); on SQLite,
     /// nothing: they are the application's.
     pub(crate) async fn close(&self) {
-        if let (Some(lease), Some(relay)) = (self.lease.postgres(), self.relay.postgres()) {
-            lease.close().await;
-            relay.close().await;
+        for db in [&self.lease, &self.relay] {
+            match db {
+                Db::Postgres(pool) => pool.close().await,
+                #[cfg(feature = "sqlite")]
+                Db::Sqlite(_) => {}
+                #[cfg(feature = "mysql")]
+                Db::MySql(pool) => pool.close().await,
+            }
         }
     }
 }

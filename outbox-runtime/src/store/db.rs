@@ -19,6 +19,8 @@ pub enum Db {
     Postgres(PgPool),
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
 }
 
 /// Runs `$call` with the pool of whichever backend `$db` is, as `$pool`, on that backend's
@@ -35,6 +37,11 @@ macro_rules! on_backend {
                 use crate::store::sqlite::relay as $statements;
                 $call
             }
+            #[cfg(feature = "mysql")]
+            Db::MySql($pool) => {
+                use crate::store::mysql::relay as $statements;
+                $call
+            }
         }
     };
 }
@@ -46,6 +53,8 @@ impl Db {
             Db::Postgres(_) => "PostgreSQL",
             #[cfg(feature = "sqlite")]
             Db::Sqlite(_) => "SQLite",
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => "MySQL",
         }
     }
 
@@ -56,6 +65,8 @@ impl Db {
             Db::Postgres(pool) => Some(pool),
             #[cfg(feature = "sqlite")]
             Db::Sqlite(_) => None,
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => None,
         }
     }
 
@@ -124,6 +135,8 @@ impl Db {
             Db::Postgres(pool) => crate::check_schema(pool).await,
             #[cfg(feature = "sqlite")]
             Db::Sqlite(pool) => crate::check_schema(pool).await,
+            #[cfg(feature = "mysql")]
+            Db::MySql(pool) => crate::check_schema(pool).await,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::stats::OutboxStats;
 
 mod db;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 mod new_events;
 mod outcomes;
 mod postgres;

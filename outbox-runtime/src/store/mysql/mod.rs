@@ -3,7 +3,8 @@
 //! alike: no `RETURNING` (MySQL has none), no partial indexes, instants from `UTC_TIMESTAMP(6)`.
 
 mod emit;
-mod ops;
+pub(crate) mod ops;
+pub(crate) mod relay;
 mod schema;
 
 use sqlx::{MySql, MySqlConnection, MySqlPool};
@@ -19,8 +20,8 @@ impl Store for MySql {
         Ok(ops::stats(pool).await?)
     }
 
-    fn relay_db(_: MySqlPool) -> Result<crate::store::Db, &'static str> {
-        Err("MySQL")
+    fn relay_db(pool: MySqlPool) -> Result<crate::store::Db, &'static str> {
+        Ok(crate::store::Db::MySql(pool))
     }
 
     async fn insert_events(

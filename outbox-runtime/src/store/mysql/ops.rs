@@ -8,11 +8,14 @@ use crate::stats::OutboxStats;
 
 /// Pending and dead rows, and how long ago the oldest pending row was created, in microseconds
 /// of the server's clock.
-const STATS: &str = "\
-    SELECT (SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL), \
-           (SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL), \
+pub(crate) const STATS: &str = "\
+    SELECT (SELECT count(*) FROM outbox_events FORCE INDEX (outbox_events_pending_by_type) \
+            WHERE published_at IS NULL AND dead_at IS NULL), \
+           (SELECT count(*) FROM outbox_events FORCE INDEX (outbox_events_dead) \
+            WHERE dead_at IS NOT NULL), \
            (SELECT TIMESTAMPDIFF(MICROSECOND, min(created_at), UTC_TIMESTAMP(6)) \
-            FROM outbox_events WHERE published_at IS NULL AND dead_at IS NULL)";
+            FROM outbox_events FORCE INDEX (outbox_events_pending_by_type) \
+            WHERE published_at IS NULL AND dead_at IS NULL)";
 
 pub(super) async fn stats(pool: &MySqlPool) -> Result<OutboxStats, sqlx::Error> {
     let (pending, dead, age): (i64, i64, Option<i64>) =

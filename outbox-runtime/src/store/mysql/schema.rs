@@ -13,6 +13,9 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations-mysql");
 /// The start of the named lock that makes concurrent migrators of one database take turns.
 const LOCK: &str = "outbox_migrate:";
 
+/// `ER_DUP_KEYNAME`: an index of that name exists.
+const DUPLICATE_KEY_NAME: u16 = 1061;
+
 /// How long a migrator waits for another to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(300);
 
@@ -20,7 +23,8 @@ const LOCK_WAIT: Duration = Duration::from_secs(300);
 /// server's, so this one ends with the database's): a second migrator waits for it and then
 /// finds them applied. MySQL commits each `CREATE` by itself, so each migration is recorded
 /// right after it ran; its statements are written to be run again should a migrator die between
-/// the two (`IF NOT EXISTS`). The history is a table of the outbox's own, apart from the
+/// the two (`IF NOT EXISTS`), or, for an index (which MySQL 8 cannot create `IF NOT EXISTS`),
+/// are that one statement, and an index found there already is that run's. The history is a table of the outbox's own, apart from the
 /// application's `_sqlx_migrations`.
 pub(super) async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
@@ -42,6 +46,11 @@ pub(super) async fn migrate(pool: &MySqlPool) -> Result<(), Error> {
     applied?;
     released?;
     Ok(())
+}
+
+fn is_duplicate_key_name(error: &dyn sqlx::error::DatabaseError) -> bool {
+    let error = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>();
+    error.is_some_and(|error| error.number() == DUPLICATE_KEY_NAME)
 }
 
 /// The database the connection uses.
@@ -72,7 +81,11 @@ async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
             .await?;
     for migration in crate::migrate::pending(&MIGRATOR, &applied)? {
         let sql: &'static str = migration.sql.as_ref();
-        conn.execute(sql).await?;
+        match conn.execute(sql).await {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(error)) if is_duplicate_key_name(&*error) => {}
+            Err(error) => return Err(error.into()),
+        }
         sqlx::query(
             "INSERT INTO outbox_migrations (version, description, checksum) VALUES (?, ?, ?)",
         )
