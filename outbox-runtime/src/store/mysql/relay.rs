@@ -180,7 +180,7 @@ pub(crate) async fn lease(
             bind_key!(sqlx::query_scalar(HEAD), key, plan).fetch_optional(&mut *conn).await?;
         heads.extend(head.map(|at| (at, key)));
     }
-    heads.sort_by(|a, b| a.0.cmp(&b.0));
+    heads.sort_by_key(|head| head.0);
     let mut rows = Vec::new();
     let mut positions = HashMap::new();
     for (_, key) in heads {
