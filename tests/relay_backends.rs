@@ -216,7 +216,7 @@ macro_rules! backend_suite {
             let counts = run_until(relay, seen.until(|ids| ids.len() >= 30)).await;
 
             assert_eq!(counts.delivered, 30);
-            let order = order.lock().unwrap();
+            let order = order.lock().unwrap().clone();
             for account in accounts {
                 assert_eq!(order[account], (0..10).collect::<Vec<_>>(), "account {account}");
             }
