@@ -5,7 +5,9 @@
 //! Run with `cargo run --example quickstart` against the PostgreSQL in `DATABASE_URL`
 //! (default: postgres://postgres@127.0.0.1:5432/postgres, set in .cargo/config.toml), or with
 //! no server at all on SQLite: `DATABASE_URL=sqlite://quickstart.db?mode=rwc cargo run
-//! --example quickstart`. The steps are the same on both: `run` below.
+//! --example quickstart`, or on MySQL or MariaDB: `DATABASE_URL=mysql://root@127.0.0.1:3306/db`
+//! (created if missing). The steps are the same on each: `run` below; only the
+//! application's own SQL differs (`Orders`).
 
 use std::time::Duration;
 
@@ -52,16 +54,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     if url.starts_with("sqlite:") {
-        run(sqlx::SqlitePool::connect(&url).await?).await
+        run(sqlx::SqlitePool::connect(&url).await?, Orders::NUMBERED).await
+    } else if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        use sqlx::migrate::MigrateDatabase;
+        if !sqlx::MySql::database_exists(&url).await? {
+            sqlx::MySql::create_database(&url).await?;
+        }
+        run(sqlx::MySqlPool::connect(&url).await?, Orders::MYSQL).await
     } else {
-        run(sqlx::PgPool::connect(&url).await?).await
+        run(sqlx::PgPool::connect(&url).await?, Orders::NUMBERED).await
     }
 }
 
-/// The example on either database. The bounds say that sqlx runs the example's own statements
-/// on it (`$1` placeholders, a uuid and an integer bound): an application written for one
-/// database needs none of them.
-async fn run<DB>(pool: sqlx::Pool<DB>) -> Result<(), Box<dyn std::error::Error>>
+/// The application's own statements: its table, placing an order, cancelling it.
+struct Orders {
+    create: &'static str,
+    place: &'static str,
+    cancel: &'static str,
+}
+
+impl Orders {
+    /// PostgreSQL's, which SQLite takes too.
+    const NUMBERED: Orders = Orders {
+        create: "CREATE TABLE IF NOT EXISTS quickstart_orders \
+                 (id uuid PRIMARY KEY, total_cents bigint NOT NULL, state text NOT NULL)",
+        place: "INSERT INTO quickstart_orders (id, total_cents, state) VALUES ($1, $2, 'placed')",
+        cancel: "UPDATE quickstart_orders SET state = 'cancelled' WHERE id = $1",
+    };
+    const MYSQL: Orders = Orders {
+        create: "CREATE TABLE IF NOT EXISTS quickstart_orders \
+                 (id BINARY(16) PRIMARY KEY, total_cents BIGINT NOT NULL, state TEXT NOT NULL)",
+        place: "INSERT INTO quickstart_orders (id, total_cents, state) VALUES (?, ?, 'placed')",
+        cancel: "UPDATE quickstart_orders SET state = 'cancelled' WHERE id = ?",
+    };
+}
+
+/// The example on any of the databases. The bounds say that sqlx runs the example's own
+/// statements on it (a uuid and an integer bound): an application written for one database
+/// needs none of them.
+async fn run<DB>(pool: sqlx::Pool<DB>, orders: Orders) -> Result<(), Box<dyn std::error::Error>>
 where
     DB: Backend,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -70,32 +101,20 @@ where
     i64: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     // 1. Schema: the application's own table, and the outbox's.
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS quickstart_orders \
-         (id uuid PRIMARY KEY, total_cents bigint NOT NULL, state text NOT NULL)",
-    )
-    .execute(&pool)
-    .await?;
+    sqlx::query(orders.create).execute(&pool).await?;
     outbox_runtime::migrate(&pool).await?;
 
     // 2. A business update and its events, in one transaction: both commit or neither does.
     let order_id = Uuid::now_v7();
     let mut tx = pool.begin().await?;
-    sqlx::query("INSERT INTO quickstart_orders (id, total_cents, state) VALUES ($1, $2, 'placed')")
-        .bind(order_id)
-        .bind(4_200_i64)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(orders.place).bind(order_id).bind(4_200_i64).execute(&mut *tx).await?;
     let placed = outbox_runtime::emit_with(
         &mut tx,
         &OrderPlaced { order_id, total_cents: 4_200 },
         outbox_runtime::EmitOptions::new().header("request_id", "req-1"),
     )
     .await?;
-    sqlx::query("UPDATE quickstart_orders SET state = 'cancelled' WHERE id = $1")
-        .bind(order_id)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(orders.cancel).bind(order_id).execute(&mut *tx).await?;
     let cancelled =
         emit(&mut tx, &OrderCancelled { order_id, reason: "changed my mind".into() }).await?;
     tx.commit().await?;
