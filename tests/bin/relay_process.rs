@@ -11,7 +11,7 @@
 //!
 //! | variable | default | meaning |
 //! |---|---|---|
-//! | `DATABASE_URL` (or the first argument) | | where the outbox lives |
+//! | `DATABASE_URL` (or the first argument) | | where the outbox lives: PostgreSQL, or `sqlite:` or `mysql:` |
 //! | `RELAY_CONCURRENCY` | 16 | handlers at once |
 //! | `RELAY_BATCH_SIZE` | 50 | rows per lease statement |
 //! | `RELAY_LEASE_TIMEOUT_MS` | 1000 | lease timeout |
@@ -39,8 +39,10 @@ use outbox_runtime::forward::redis::{redis, RedisSink};
 use outbox_runtime::forward::Forward;
 use outbox_runtime::{Backoff, EventContext, LeaseMode, OutboxEvent, Relay, TransactionContext};
 use serde::{Deserialize, Serialize};
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The test event; `tests/faults_crash.rs` declares the same type to emit it.
@@ -52,9 +54,50 @@ struct JobRun {
     n: u64,
 }
 
+/// Where deliveries are recorded: the outbox's database.
+#[derive(Clone)]
+enum Recorder {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+    MySql(MySqlPool),
+}
+
+impl Recorder {
+    async fn record(
+        &self,
+        event_id: outbox_runtime::sqlx::types::Uuid,
+        attempt: i32,
+        pid: i32,
+        ok: bool,
+    ) -> Result<(), sqlx::Error> {
+        const NUMBERED: &str =
+            "INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, $4)";
+        const PLAIN: &str =
+            "INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES (?, ?, ?, ?)";
+        macro_rules! record {
+            ($sql:expr, $pool:expr) => {
+                sqlx::query($sql)
+                    .bind(event_id)
+                    .bind(attempt)
+                    .bind(pid)
+                    .bind(ok)
+                    .execute($pool)
+                    .await
+                    .map(|_| ())?
+            };
+        }
+        match self {
+            Recorder::Postgres(pool) => record!(NUMBERED, pool),
+            Recorder::Sqlite(pool) => record!(PLAIN, pool),
+            Recorder::MySql(pool) => record!(PLAIN, pool),
+        };
+        Ok(())
+    }
+}
+
 #[derive(Clone)]
 struct Worker {
-    pool: PgPool,
+    recorder: Recorder,
     pid: i32,
     fail_percent: u64,
     poison_every: u64,
@@ -93,12 +136,10 @@ async fn run_job(ctx: EventContext<Worker>, job: JobRun) -> Result<(), JobFailed
     }
     // Not in the acknowledgement's transaction: a kill after this commits and before the
     // acknowledgement does is a duplicate delivery, as at-least-once allows.
-    sqlx::query("INSERT INTO deliveries (event_id, attempt, pid, ok) VALUES ($1, $2, $3, $4)")
-        .bind(ctx.event_id())
-        .bind(i32::try_from(delivery(&ctx)).unwrap_or(i32::MAX))
-        .bind(worker.pid)
-        .bind(!fails)
-        .execute(&worker.pool)
+    let attempt = i32::try_from(delivery(&ctx)).unwrap_or(i32::MAX);
+    worker
+        .recorder
+        .record(ctx.event_id(), attempt, worker.pid, !fails)
         .await
         .map_err(|error| JobFailed(format!("cannot record the delivery: {error}")))?;
     if fails {
@@ -179,13 +220,23 @@ async fn relay() -> Result<(), String> {
         Some(url) => url,
         None => std::env::var("DATABASE_URL").map_err(|_| "no DATABASE_URL given".to_owned())?,
     };
-    let pool = PgPoolOptions::new()
-        .max_connections(setting("RELAY_POOL_CONNECTIONS", 4)?)
-        .connect(&url)
-        .await
-        .map_err(|error| format!("cannot connect: {error}"))?;
+    let connections = setting("RELAY_POOL_CONNECTIONS", 4)?;
+    let cannot_connect = |error| format!("cannot connect: {error}");
+    let (recorder, builder) = if url.starts_with("sqlite:") {
+        let pool = SqlitePoolOptions::new().max_connections(connections);
+        let pool = pool.connect(&url).await.map_err(cannot_connect)?;
+        (Recorder::Sqlite(pool.clone()), Relay::builder(pool))
+    } else if url.starts_with("mysql:") {
+        let pool = MySqlPoolOptions::new().max_connections(connections);
+        let pool = pool.connect(&url).await.map_err(cannot_connect)?;
+        (Recorder::MySql(pool.clone()), Relay::builder(pool))
+    } else {
+        let pool = PgPoolOptions::new().max_connections(connections);
+        let pool = pool.connect(&url).await.map_err(cannot_connect)?;
+        (Recorder::Postgres(pool.clone()), Relay::builder(pool))
+    };
     let worker = Worker {
-        pool: pool.clone(),
+        recorder,
         pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
         fail_percent: setting("FAIL_PERCENT", 0)?,
         poison_every: setting("POISON_EVERY", 0)?,
@@ -196,7 +247,7 @@ async fn relay() -> Result<(), String> {
         cap: millis("RELAY_BACKOFF_CAP_MS", 50)?,
         jitter: false,
     };
-    let builder = Relay::builder(pool).state(worker);
+    let builder = builder.state(worker);
     let builder = if let Ok(broker) = std::env::var("FORWARD_TO") {
         let prefix = std::env::var("FORWARD_PREFIX").unwrap_or_else(|_| "outbox".to_owned());
         let destination = format!("{prefix}.{{aggregate_type}}.{{event_type}}");

@@ -32,9 +32,14 @@ pub struct RelayProcess {
 
 impl RelayProcess {
     pub fn spawn(pool: &PgPool, settings: &[(&str, &str)]) -> Self {
+        Self::spawn_at(&database_url(pool), settings)
+    }
+
+    /// A relay on the database at `url`: PostgreSQL, SQLite or MySQL.
+    pub fn spawn_at(url: &str, settings: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(format!("relay-process-{}.log", Uuid::new_v4()));
         let child = Command::new(env!("CARGO_BIN_EXE_relay-process"))
-            .arg(database_url(pool))
+            .arg(url)
             .envs(settings.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
