@@ -6,12 +6,14 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::{
-    emit, emit_all, emit_idempotent, emit_with, EmitOptions, Emitted, Error, InvalidEvent,
-    OutboxEvent,
+    emit, emit_all, emit_idempotent, emit_with, Backoff, EmitOptions, Emitted, Error, EventContext,
+    InvalidEvent, OutboxEvent, Relay,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::migrate::MigrateError;
@@ -394,6 +396,7 @@ mod mysql_only {
         text.replace("outbox_db", database)
             .replace("outbox_owner", &format!("'owner_{tag}'@'127.0.0.1'"))
             .replace("outbox_app", &format!("'app_{tag}'@'127.0.0.1'"))
+            .replace("outbox_relay", &format!("'relay_{tag}'@'127.0.0.1'"))
             .split(';')
             .map(str::trim)
             .filter(|statement| !statement.is_empty())
@@ -402,7 +405,7 @@ mod mysql_only {
     }
 
     #[tokio::test]
-    async fn the_least_privilege_accounts_migrate_and_emit_and_read_nothing_else() {
+    async fn the_least_privilege_accounts_migrate_emit_and_relay_and_do_nothing_else() {
         let database = MySqlDatabase::create().await;
         let root = database.pool().await;
         let tag = Uuid::new_v4().simple().to_string()[..12].to_owned();
@@ -447,9 +450,65 @@ mod mysql_only {
             .await
             .unwrap();
         assert_eq!(count, 6);
+
+        // The relay's account delivers them all: leases, a failure and its retry, deletes.
+        let relay = sqlx::MySqlPool::connect(&account("relay")).await.unwrap();
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let count_placed = {
+            let delivered = delivered.clone();
+            move |_: EventContext, _: OrderPlaced| {
+                delivered.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<(), std::io::Error>(()) }
+            }
+        };
+        let fail_once = {
+            let delivered = delivered.clone();
+            move |ctx: EventContext, _: Posted| {
+                let first = ctx.attempts() == 0;
+                if !first {
+                    delivered.fetch_add(1, Ordering::SeqCst);
+                }
+                async move {
+                    match first {
+                        true => Err(std::io::Error::other("first attempt")),
+                        false => Ok(()),
+                    }
+                }
+            }
+        };
+        let backoff = Backoff {
+            base: Duration::from_millis(10),
+            cap: Duration::from_millis(10),
+            jitter: false,
+        };
+        let relay = Relay::builder(relay)
+            .handler(count_placed)
+            .handler(fail_once)
+            .backoff(backoff)
+            .delete_on_publish(true)
+            .retention(Duration::from_secs(3_600))
+            .build()
+            .unwrap();
+        let all_delivered = async {
+            while delivered.load(Ordering::SeqCst) < 6 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let counts = relay
+            .run_until(async {
+                tokio::time::timeout(Duration::from_secs(30), all_delivered).await.unwrap();
+            })
+            .await
+            .expect("the relay's account runs the relay");
+        assert_eq!((counts.delivered, counts.failed), (6, 2));
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events")
+            .fetch_one(&root)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "each delivered row deleted");
         app.close().await;
         owner.close().await;
-        for name in ["owner", "app"] {
+        for name in ["owner", "app", "relay"] {
             let drop = sqlx::static_sql(format!("DROP USER '{name}_{tag}'@'127.0.0.1'"));
             sqlx::query(drop).execute(&root).await.unwrap();
         }
