@@ -10,7 +10,7 @@
 //! forward_kafka, and those of issue #16 "scale": scale, wal_locks, delete, batch, emit_bare,
 //! purge; types, a backlog over 50 event types against one; and those of issue #22:
 //! insert_floor, wake_ups, after_drain, relays, latency_sql, delete_held; issue #24's inbox and
-//! subscribers; issue #25's emit_sqlite and emit_mysql, on SQLite and MariaDB). Ratios are computed within each run, then their
+//! subscribers; issue #25's emit_sqlite, emit_mysql, drain_sqlite and drain_mysql, on SQLite and MariaDB). Ratios are computed within each run, then their
 //! median is reported. The forwarding workloads need NATS with JetStream on 127.0.0.1:4222, RabbitMQ on
 //! 127.0.0.1:5672 (guest/guest), Redis on 127.0.0.1:6379 and a Kafka-protocol broker on
 //! 127.0.0.1:9092 (`scripts/services-up` starts them); they run only when `--only` names them.
@@ -496,6 +496,18 @@ async fn main() {
             s.add(format!("{name} bare tx/s"), rates.bare / 3.0);
             s.add(format!("{name} bare vs emit"), rates.bare / rates.emit);
             s.add(format!("{name} emit_all events/s"), rates.emit_all);
+        }
+        for name in ["drain_sqlite", "drain_mysql"] {
+            if !args.runs(name) {
+                continue;
+            }
+            let rates = match name {
+                "drain_sqlite" => backends::sqlite_drains(sizes.drain, run % 2 == 0).await,
+                _ => backends::mysql_drains(sizes.drain, run % 2 == 0).await,
+            };
+            s.add(format!("{name} relay events/s"), rates.relay);
+            s.add(format!("{name} bare events/s"), rates.bare);
+            s.add(format!("{name} bare vs relay"), rates.bare / rates.relay);
         }
 
         // 11. the lease size: default sizing against fixed batch sizes.
@@ -1308,6 +1320,30 @@ fn scale_rows(s: &Samples, sizes: &Sizes) -> Vec<(String, String, String)> {
                 m("emit_mysql emit_all events/s")
             ),
             target(m("emit_mysql bare vs emit") <= 1.1, "≤ 1.1x"),
+        ),
+        (
+            "SQLite: a backlog drained by one relay (defaults) vs a hand-written loop (100 rows \
+             read, decoded and published per transaction)"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("drain_sqlite bare vs relay"),
+                m("drain_sqlite bare events/s"),
+                m("drain_sqlite relay events/s")
+            ),
+            target(m("drain_sqlite bare vs relay") <= 1.5, "≤ 1.5x"),
+        ),
+        (
+            "MariaDB: a backlog drained by one relay (defaults) vs a hand-written loop (100 rows \
+             locked SKIP LOCKED, decoded and published per transaction)"
+                .into(),
+            format!(
+                "{:.2}x ({:.0} vs {:.0} events/s)",
+                m("drain_mysql bare vs relay"),
+                m("drain_mysql bare events/s"),
+                m("drain_mysql relay events/s")
+            ),
+            target(m("drain_mysql bare vs relay") <= 1.5, "≤ 1.5x"),
         ),
         (
             "subscribers: emit overhead with 3 subscribers registered vs none (8 producers)".into(),

@@ -18,7 +18,7 @@ use crate::error::Error;
 pub enum Db {
     Postgres(PgPool),
     #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
+    Sqlite(super::sqlite::relay::Writer),
     #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlPool),
 }
@@ -134,7 +134,7 @@ impl Db {
         match self {
             Db::Postgres(pool) => crate::check_schema(pool).await,
             #[cfg(feature = "sqlite")]
-            Db::Sqlite(pool) => crate::check_schema(pool).await,
+            Db::Sqlite(writer) => crate::check_schema(&writer.pool).await,
             #[cfg(feature = "mysql")]
             Db::MySql(pool) => crate::check_schema(pool).await,
         }

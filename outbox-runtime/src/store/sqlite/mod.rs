@@ -27,7 +27,7 @@ impl Store for Sqlite {
     }
 
     fn relay_db(pool: SqlitePool) -> Result<crate::store::Db, &'static str> {
-        Ok(crate::store::Db::Sqlite(pool))
+        Ok(crate::store::Db::Sqlite(relay::Writer::new(pool)))
     }
 
     async fn insert_events(

@@ -12,6 +12,7 @@
 //! scan's starting position (`Scan::From`) is not needed.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
@@ -90,40 +91,77 @@ pub(crate) const LEASE_EXPIRED: &str = concat!(
     leased_columns!()
 );
 
-/// The fence: the row `?1` still leased under the token `?2`, neither published nor dead.
+/// The batch `?1`, a JSON array of `[id, token, ...]` (ids and tokens in hex), as the relation
+/// `h` of `event_id`, `lease_token` and `$columns` (more of each element), joined to the rows
+/// `e` it names that are still leased under the token named, neither published nor dead: one
+/// probe of the unique `event_id` index per element. The fence reads
+/// `coalesce(published_at, dead_at) IS NULL`, not the pending index's predicate: with it the
+/// planner scanned that whole index and probed the batch for each entry (`tests/relay_backends.rs`
+/// caught it).
 macro_rules! fenced {
-    () => {
-        " WHERE event_id = ?1 AND lease_token = ?2 AND published_at IS NULL AND dead_at IS NULL"
+    ($columns:literal) => {
+        concat!(
+            " FROM (SELECT unhex(j.value ->> 0) AS event_id, unhex(j.value ->> 1) AS lease_token",
+            $columns,
+            " FROM json_each(?1) AS j) AS h \
+             WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+               AND coalesce(e.published_at, e.dead_at) IS NULL"
+        )
     };
 }
 
-pub(crate) const PUBLISH: &str =
-    concat!("UPDATE outbox_events SET published_at = ", now!(), fenced!());
-pub(crate) const PUBLISH_DELETE: &str = concat!("DELETE FROM outbox_events", fenced!());
-/// `?3` the error, `?4` the retry's `strftime` modifier, `?5` the most attempts.
-pub(crate) const FAIL: &str = concat!(
-    "UPDATE outbox_events SET attempts = attempts + 1, last_error = ?3, lease_token = NULL, \
-         available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?4), \
-         dead_at = CASE WHEN attempts + 1 >= ?5 THEN ",
-    now!(),
-    " END",
-    fenced!(),
-    " RETURNING dead_at IS NOT NULL"
+/// An update of the fenced rows of the batch: `SET` clause, `h`'s further columns, what it
+/// returns.
+macro_rules! update_fenced {
+    ($set:expr, $columns:literal, $returning:literal) => {
+        concat!(
+            "UPDATE outbox_events AS e SET ",
+            $set,
+            fenced!($columns),
+            " RETURNING ",
+            $returning
+        )
+    };
+}
+
+pub(crate) const PUBLISH: &str = update_fenced!(concat!("published_at = ", now!()), "", "event_id");
+pub(crate) const PUBLISH_DELETE: &str = concat!(
+    "DELETE FROM outbox_events WHERE seq IN (SELECT e.seq FROM outbox_events AS e, ",
+    "(SELECT unhex(j.value ->> 0) AS event_id, unhex(j.value ->> 1) AS lease_token \
+      FROM json_each(?1) AS j) AS h \
+     WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+       AND coalesce(e.published_at, e.dead_at) IS NULL) RETURNING event_id"
+);
+/// Each element `[id, token, error, the retry's strftime modifier, most attempts]`.
+pub(crate) const FAIL: &str = update_fenced!(
+    concat!(
+        "attempts = e.attempts + 1, last_error = h.error, lease_token = NULL, \
+         available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', h.delay), \
+         dead_at = CASE WHEN e.attempts + 1 >= h.max_attempts THEN ",
+        now!(),
+        " END"
+    ),
+    ", j.value ->> 2 AS error, j.value ->> 3 AS delay, j.value ->> 4 AS max_attempts",
+    "event_id, dead_at IS NOT NULL"
 );
 pub(crate) const RELEASE: &str =
-    concat!("UPDATE outbox_events SET lease_token = NULL, available_at = ", now!(), fenced!());
-/// `?3` the delay's `strftime` modifier.
-pub(crate) const SNOOZE: &str = concat!(
-    "UPDATE outbox_events SET lease_token = NULL, \
-         available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)",
-    fenced!()
+    update_fenced!(concat!("lease_token = NULL, available_at = ", now!()), "", "event_id");
+/// Each element `[id, token, the delay's strftime modifier]`.
+pub(crate) const SNOOZE: &str = update_fenced!(
+    "lease_token = NULL, available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', h.delay)",
+    ", j.value ->> 2 AS delay",
+    "event_id"
 );
-/// `?3` the lease's `strftime` modifier.
-pub(crate) const RENEW: &str = concat!(
-    "UPDATE outbox_events SET available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)",
-    fenced!()
+/// `?2` the lease's `strftime` modifier.
+pub(crate) const RENEW: &str =
+    update_fenced!("available_at = strftime('%Y-%m-%d %H:%M:%f', 'now', ?2)", "", "event_id");
+pub(crate) const STILL_LEASED: &str = concat!(
+    "SELECT e.event_id FROM outbox_events AS e, ",
+    "(SELECT unhex(j.value ->> 0) AS event_id, unhex(j.value ->> 1) AS lease_token \
+      FROM json_each(?1) AS j) AS h \
+     WHERE e.event_id = h.event_id AND e.lease_token = h.lease_token \
+       AND coalesce(e.published_at, e.dead_at) IS NULL"
 );
-pub(crate) const STILL_LEASED: &str = concat!("SELECT 1 FROM outbox_events", fenced!());
 
 /// Deletes up to `?2` rows published before the modifier `?1` (a negative delay) applied to
 /// now, oldest first, on the `published_at` index.
@@ -132,6 +170,34 @@ pub(crate) const PURGE_PUBLISHED: &str = "\
         SELECT seq FROM outbox_events \
         WHERE published_at < strftime('%Y-%m-%d %H:%M:%f', 'now', ?1) \
         ORDER BY published_at LIMIT ?2)";
+
+/// The relay's SQLite pool, and its turn to write: the relay's writing transactions (a lease,
+/// a batch of acknowledgements, renewals, retention) take turns in the process rather than on
+/// SQLite's lock, where the one that finds it taken sleeps in SQLite's busy handler (1 ms,
+/// then 2, 5, 10, ...) however soon the lock is free again. The application's transactions
+/// still meet them on the lock.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    pub(crate) pool: SqlitePool,
+    turn: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Writer {
+    pub(crate) fn new(pool: SqlitePool) -> Self {
+        Writer { pool, turn: Arc::default() }
+    }
+
+    /// Waits for the relay's turn, then begins a transaction that holds SQLite's write lock.
+    async fn begin(
+        &self,
+    ) -> Result<
+        (tokio::sync::MutexGuard<'_, ()>, sqlx::Transaction<'static, sqlx::Sqlite>),
+        sqlx::Error,
+    > {
+        let turn = self.turn.lock().await;
+        Ok((turn, self.pool.begin_with("BEGIN IMMEDIATE").await?))
+    }
+}
 
 /// A candidate row: its `seq`, whether its previous lease expired, and its position.
 struct Candidate {
@@ -144,7 +210,7 @@ struct Candidate {
 /// transaction that holds the write lock; `held`: the rows the relay holds, whose expired
 /// leases are not counted.
 pub(crate) async fn lease(
-    pool: &SqlitePool,
+    pool: &Writer,
     plan: &LeasePlan,
     _scan: Scan<'_>,
     limit: i64,
@@ -152,7 +218,7 @@ pub(crate) async fn lease(
 ) -> Result<Vec<LeasedEvent>, sqlx::Error> {
     let token = Uuid::new_v4();
     let held: HashSet<Uuid> = held.iter().copied().collect();
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let (_turn, mut tx) = pool.begin().await?;
     let conn: &mut SqliteConnection = &mut tx;
     let mut candidates = Vec::new();
     for (aggregate_type, event_type, subscriber, newest) in lease_keys(conn, plan).await? {
@@ -277,37 +343,49 @@ pub(crate) fn instant(text: &str) -> Result<DateTime<Utc>, sqlx::Error> {
         .map_err(|e| sqlx::Error::Decode(format!("instant {text:?}: {e}").into()))
 }
 
-/// Runs the fenced statement `sql` for each row in one transaction holding the write lock;
-/// returns the ids it touched. Each row's third value, if any, is bound after its id and token.
-async fn each_fenced(
-    pool: &SqlitePool,
+/// `[id, token, values...]` in hex, then each value, for the fenced statements.
+fn batch(rows: impl Iterator<Item = (Uuid, Uuid, Vec<serde_json::Value>)>) -> String {
+    let rows = rows.map(|(id, token, values)| {
+        let mut row = vec![id.simple().to_string().into(), token.simple().to_string().into()];
+        row.extend(values);
+        serde_json::Value::Array(row)
+    });
+    serde_json::Value::Array(rows.collect()).to_string()
+}
+
+fn pairs(ids: &[Uuid], tokens: &[Uuid]) -> String {
+    batch(ids.iter().zip(tokens).map(|(id, token)| (*id, *token, Vec::new())))
+}
+
+/// Runs the fenced statement `sql` on the batch in a transaction of its own (with `extra` bound
+/// as `?2`, if any); returns what it returned of each row touched.
+async fn on_fenced<O>(
+    pool: &Writer,
     sql: &'static str,
-    rows: impl IntoIterator<Item = (Uuid, Uuid, Option<String>)>,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut done = Vec::new();
-    for (event_id, token, value) in rows {
-        let query = sqlx::query(sql).bind(event_id).bind(token);
-        let query = match value {
-            Some(value) => query.bind(value),
-            None => query,
-        };
-        if query.execute(&mut *tx).await?.rows_affected() == 1 {
-            done.push(event_id);
-        }
-    }
+    batch: String,
+    extra: Option<String>,
+) -> Result<Vec<O>, sqlx::Error>
+where
+    O: for<'r> sqlx::FromRow<'r, SqliteRow> + Send + Unpin,
+{
+    let (_turn, mut tx) = pool.begin().await?;
+    let query = sqlx::query_as(sql).bind(batch);
+    let query = match extra {
+        Some(extra) => query.bind(extra),
+        None => query,
+    };
+    let done = query.fetch_all(&mut *tx).await?;
     tx.commit().await?;
     Ok(done)
 }
 
-/// Each id with its token, and nothing more to bind.
-fn pairs(ids: &[Uuid], tokens: &[Uuid]) -> Vec<(Uuid, Uuid, Option<String>)> {
-    ids.iter().zip(tokens).map(|(id, token)| (*id, *token, None)).collect()
+fn ids(rows: Vec<(Uuid,)>) -> Vec<Uuid> {
+    rows.into_iter().map(|(id,)| id).collect()
 }
 
 pub(crate) async fn publish(
-    pool: &SqlitePool,
-    ids: &[Uuid],
+    pool: &Writer,
+    ids_: &[Uuid],
     tokens: &[Uuid],
     on_publish: OnPublish,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
@@ -315,82 +393,63 @@ pub(crate) async fn publish(
         OnPublish::Mark => PUBLISH,
         OnPublish::Delete => PUBLISH_DELETE,
     };
-    each_fenced(pool, sql, pairs(ids, tokens)).await
+    Ok(ids(on_fenced(pool, sql, pairs(ids_, tokens), None).await?))
 }
 
 pub(crate) async fn fail(
-    pool: &SqlitePool,
+    pool: &Writer,
     failures: &Failures,
 ) -> Result<Vec<(Uuid, bool)>, sqlx::Error> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let mut done = Vec::new();
-    for failure in &failures.0 {
-        let died: Option<bool> = sqlx::query_scalar(FAIL)
-            .bind(failure.event_id)
-            .bind(failure.token)
-            .bind(&failure.error)
-            .bind(delay_modifier(micros(failure.retry_in)))
-            .bind(failure.max_attempts)
-            .fetch_optional(&mut *tx)
-            .await?;
-        done.extend(died.map(|died| (failure.event_id, died)));
-    }
-    tx.commit().await?;
-    Ok(done)
+    let rows = failures.0.iter().map(|f| {
+        let delay = delay_modifier(micros(f.retry_in));
+        (f.event_id, f.token, vec![f.error.clone().into(), delay.into(), f.max_attempts.into()])
+    });
+    on_fenced(pool, FAIL, batch(rows), None).await
 }
 
 pub(crate) async fn release(
-    pool: &SqlitePool,
-    ids: &[Uuid],
+    pool: &Writer,
+    ids_: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    each_fenced(pool, RELEASE, pairs(ids, tokens)).await
+    Ok(ids(on_fenced(pool, RELEASE, pairs(ids_, tokens), None).await?))
 }
 
-pub(crate) async fn snooze(pool: &SqlitePool, snoozes: &Snoozes) -> Result<Vec<Uuid>, sqlx::Error> {
-    let rows: Vec<_> = snoozes
+pub(crate) async fn snooze(pool: &Writer, snoozes: &Snoozes) -> Result<Vec<Uuid>, sqlx::Error> {
+    let rows = snoozes
         .0
         .iter()
-        .map(|&(id, token, delay)| (id, token, Some(delay_modifier(micros(delay)))))
-        .collect();
-    each_fenced(pool, SNOOZE, rows).await
+        .map(|&(id, token, delay)| (id, token, vec![delay_modifier(micros(delay)).into()]));
+    Ok(ids(on_fenced(pool, SNOOZE, batch(rows), None).await?))
 }
 
 pub(crate) async fn renew(
-    pool: &SqlitePool,
-    ids: &[Uuid],
+    pool: &Writer,
+    ids_: &[Uuid],
     tokens: &[Uuid],
     lease_timeout: Duration,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let lease_for = delay_modifier(micros(lease_timeout));
-    let rows: Vec<_> =
-        ids.iter().zip(tokens).map(|(id, token)| (*id, *token, Some(lease_for.clone()))).collect();
-    each_fenced(pool, RENEW, rows).await
+    let lease_for = Some(delay_modifier(micros(lease_timeout)));
+    Ok(ids(on_fenced(pool, RENEW, pairs(ids_, tokens), lease_for).await?))
 }
 
 pub(crate) async fn still_leased(
-    pool: &SqlitePool,
+    pool: &Writer,
     ids: &[Uuid],
     tokens: &[Uuid],
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let mut leased = Vec::new();
-    for (id, token) in ids.iter().zip(tokens) {
-        let found = sqlx::query(STILL_LEASED).bind(id).bind(token).fetch_optional(&mut *conn);
-        if found.await?.is_some() {
-            leased.push(*id);
-        }
-    }
-    Ok(leased)
+    sqlx::query_scalar(STILL_LEASED).bind(pairs(ids, tokens)).fetch_all(&pool.pool).await
 }
 
 pub(crate) async fn purge_published(
-    pool: &SqlitePool,
+    pool: &Writer,
     older_than: Duration,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
     let micros = micros(older_than);
     let before = format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000);
-    let purged = sqlx::query(PURGE_PUBLISHED).bind(before).bind(limit).execute(pool).await?;
+    let (_turn, mut tx) = pool.begin().await?;
+    let purged = sqlx::query(PURGE_PUBLISHED).bind(before).bind(limit).execute(&mut *tx).await?;
+    tx.commit().await?;
     Ok(purged.rows_affected())
 }
