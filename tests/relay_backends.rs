@@ -11,12 +11,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_runtime::forward::Forward;
 use outbox_runtime::{
     emit, Backoff, BuildError, EventContext, LeaseMode, OutboxEvent, Reject, Relay, RelayCounts,
     TransactionContext,
 };
 use serde::{Deserialize, Serialize};
 use support::backends::{MySqlDatabase, SqliteFile};
+use support::redis::{Entry, Streams};
 use support::{placed, OrderPlaced};
 use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
@@ -128,6 +130,14 @@ macro_rules! backend_suite {
             (attempts, expired_leases, last_error, published != 0, dead != 0)
         }
 
+        /// How many events are not published.
+        async fn unpublished(pool: &Pool) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+
         /// The ids of the rows left, in `seq` order.
         async fn event_ids(pool: &Pool) -> Vec<Uuid> {
             sqlx::query_scalar("SELECT event_id FROM outbox_events ORDER BY seq")
@@ -174,12 +184,7 @@ macro_rules! backend_suite {
             assert_eq!(delivered.len(), 50, "each event once");
             assert_eq!(delivered.iter().collect::<HashSet<_>>(), emitted.iter().collect());
             assert_eq!(counts.delivered, 50);
-            let unpublished: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            assert_eq!(unpublished, 0);
+            assert_eq!(unpublished(&pool).await, 0);
             let stats = outbox_runtime::stats(&pool).await.unwrap();
             assert_eq!((stats.pending, stats.dead, stats.oldest_pending_age), (0, 0, None));
             pool.close().await;
@@ -480,6 +485,39 @@ macro_rules! backend_suite {
         }
 
         #[tokio::test]
+        async fn forwarding_sends_each_event_once_and_an_aggregates_in_order() {
+            let (guard, pool) = $setup;
+            let streams = Streams::create().await;
+            let placed_ids = emit_each(&pool, &(0..5).map(placed).collect::<Vec<_>>()).await;
+            let posted: Vec<Posted> =
+                (0..10).map(|n| Posted { account: "a".to_owned(), n }).collect();
+            let posted_ids = emit_each(&pool, &posted).await;
+            let destination = format!("{}.{{aggregate_type}}.{{event_type}}", streams.prefix);
+            let forward = Forward::to(streams.sink().await).destination(&destination);
+            let relay = Relay::builder(pool.clone()).forward(forward).build().unwrap();
+            let counts = run_until(relay, async {
+                eventually("every event published", || async { unpublished(&pool).await == 0 })
+                    .await;
+            })
+            .await;
+            assert_eq!(counts.delivered, 15);
+            let ids = |entries: Vec<Entry>| -> Vec<Uuid> {
+                let id = |entry: &Entry| entry.1.iter().find(|(name, _)| name == "id").unwrap().1.parse().unwrap();
+                entries.iter().map(id).collect()
+            };
+            let key = |kind: &str| format!("{}.{kind}", streams.prefix);
+            let mut forwarded = ids(streams.entries(&key("order.order.placed")).await);
+            forwarded.sort();
+            let mut emitted = placed_ids.clone();
+            emitted.sort();
+            assert_eq!(forwarded, emitted, "each event once");
+            let forwarded = ids(streams.entries(&key("account.account.posted")).await);
+            assert_eq!(forwarded, posted_ids, "an aggregate's ordered events in emit order");
+            pool.close().await;
+            $teardown(guard).await;
+        }
+
+        #[tokio::test]
         async fn build_refuses_what_the_relay_does_not_do_here_yet() {
             let (guard, pool) = $setup;
             let plain = |_: EventContext, _: OrderPlaced| async { Ok::<(), std::io::Error>(()) };
@@ -540,7 +578,7 @@ async fn every_relay_statement_on_sqlite_is_planned_on_an_index_whatever_the_sta
         async move {
             for (name, sql) in statements::ALL {
                 let plan: Vec<(i64, i64, i64, String)> =
-                    sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    sqlx::query_as(sqlx::static_sql(format!("EXPLAIN QUERY PLAN {sql}")))
                         .fetch_all(&pool)
                         .await
                         .unwrap_or_else(|e| panic!("{name}: {e}"));
