@@ -16,12 +16,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
-use crate::store::Db;
-
 use crate::error::{Error, ErrorChain};
 use crate::relay::config::LeaseMode;
 use crate::relay::held_transaction::BATCHES_IN_FLIGHT;
-use crate::store;
+use crate::store::{self, Db};
 
 /// Rounds of the check. A pooler that hands server connections round lends the first
 /// connection's backend to the second, or a new one to the first, in the first round, whether it

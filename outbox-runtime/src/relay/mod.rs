@@ -20,6 +20,12 @@
 //! - Around them: `connections.rs` (the relay's own connections, checked at start to keep their
 //!   sessions), `idle.rs` and `listener.rs` (waiting for work), `config.rs` (settings),
 //!   `metrics.rs` (counts), `context.rs` (what a handler sees).
+//!
+//! The relay runs on any backend: it holds the database as a `store::Db`, one backend's pool,
+//! and every statement above goes through it to that backend's SQL. What only PostgreSQL has
+//! (LISTEN/NOTIFY, the sleepers' registrations, the relays' registry, subscribers, held
+//! transactions, the gauges) is reached through `Db::postgres`, and `build` refuses the rest
+//! elsewhere.
 
 mod acker;
 mod builder;
