@@ -25,7 +25,7 @@ use sqlx::{MySqlConnection, MySqlPool, Row};
 use uuid::Uuid;
 
 use crate::store::{
-    micros, Failures, LeasePlan, LeaseTypes, LeasedEvent, OnPublish, Scan, Snoozes,
+    micros, Failures, LeaseKey, LeasePlan, LeaseTypes, LeasedEvent, OnPublish, Scan, Snoozes,
 };
 
 /// The rows of one lease key (`?` aggregate type, event type, subscriber) a relay may lease:
@@ -153,12 +153,17 @@ pub(crate) const PURGE_PUBLISHED: &str = "\
 /// Binds a lease key's values to a [`leasable!`] statement.
 macro_rules! bind_key {
     ($query:expr, $key:expr, $plan:expr) => {
-        $query.bind(&$key.0).bind(&$key.1).bind(&$key.2).bind($key.3).bind($plan.skip_dead_ordered)
+        $query
+            .bind(&$key.0 .0)
+            .bind(&$key.0 .1)
+            .bind(&$key.0 .2)
+            .bind($key.1)
+            .bind($plan.skip_dead_ordered)
     };
 }
 
 /// A lease key and the newest version read of it.
-type Key = (String, String, String, i32);
+type Key = (LeaseKey, i32);
 
 /// Leases up to `limit` available rows of the plan's types in one short transaction: the
 /// types whose oldest row has waited longest first, each locking no more rows than are still
@@ -236,17 +241,13 @@ pub(crate) async fn lease(
 }
 
 /// The keys a lease reads: the plan's types, or every type with pending rows (the plan's up
-/// to their versions).
+/// to their versions) and the subscribers' copies it lists.
 async fn lease_keys(conn: &mut MySqlConnection, plan: &LeasePlan) -> Result<Vec<Key>, sqlx::Error> {
-    let (LeaseTypes::Only(types) | LeaseTypes::All(types)) = &plan.types;
-    let listed = (0..types.event_types.len()).map(|i| {
-        let key = (&types.aggregate_types[i], &types.event_types[i], &types.subscribers[i]);
-        (key.0.clone(), key.1.clone(), key.2.clone(), types.versions[i])
-    });
+    let mut keys = plan.types.listed();
     if let LeaseTypes::Only(_) = plan.types {
-        return Ok(listed.collect());
+        return Ok(keys);
     }
-    let mut keys: Vec<Key> = listed.filter(|key| !key.2.is_empty()).collect();
+    keys.retain(|((_, _, subscriber), _)| !subscriber.is_empty());
     let mut after = (String::new(), String::new());
     while let Some((aggregate_type, event_type)) =
         sqlx::query_as::<_, (String, String)>(NEXT_PENDING_TYPE)
@@ -256,14 +257,9 @@ async fn lease_keys(conn: &mut MySqlConnection, plan: &LeasePlan) -> Result<Vec<
             .fetch_optional(&mut *conn)
             .await?
     {
-        let newest = (0..types.event_types.len())
-            .find(|&i| {
-                types.aggregate_types[i] == aggregate_type
-                    && types.event_types[i] == event_type
-                    && types.subscribers[i].is_empty()
-            })
-            .map_or(i32::MAX, |i| types.versions[i]);
-        keys.push((aggregate_type.clone(), event_type.clone(), String::new(), newest));
+        let key = (aggregate_type.clone(), event_type.clone(), String::new());
+        let newest = plan.types.newest_version(&key);
+        keys.push((key, newest));
         after = (aggregate_type, event_type);
     }
     Ok(keys)

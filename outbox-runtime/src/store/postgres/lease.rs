@@ -114,7 +114,10 @@ pub(crate) struct TypeVersions {
 impl LeaseTypes {
     /// The newest version of a type the relay reads (every version, for a type a relay leasing
     /// every type does not handle).
-    fn newest_version(&self, (aggregate_type, event_type, subscriber): &LeaseKey) -> i32 {
+    pub(crate) fn newest_version(
+        &self,
+        (aggregate_type, event_type, subscriber): &LeaseKey,
+    ) -> i32 {
         let (LeaseTypes::Only(types) | LeaseTypes::All(types)) = self;
         (0..types.event_types.len())
             .find(|&i| {
@@ -123,6 +126,23 @@ impl LeaseTypes {
                     && types.subscribers[i] == *subscriber
             })
             .map_or(i32::MAX, |i| types.versions[i])
+    }
+}
+
+impl LeaseTypes {
+    /// The keys listed, each with the newest version read of it.
+    pub(crate) fn listed(&self) -> Vec<(LeaseKey, i32)> {
+        let (LeaseTypes::Only(types) | LeaseTypes::All(types)) = self;
+        (0..types.event_types.len())
+            .map(|i| {
+                let key = (
+                    types.aggregate_types[i].clone(),
+                    types.event_types[i].clone(),
+                    types.subscribers[i].clone(),
+                );
+                (key, types.versions[i])
+            })
+            .collect()
     }
 }
 

@@ -44,8 +44,8 @@ pub(crate) use ack::{
 pub(crate) use activity::{activity, ActivityRow};
 pub(crate) use activity::{add_delivered, record_reading};
 pub(crate) use lease::{
-    hold, lease, set_idle_in_transaction_timeout, LeasePlan, LeaseTypes, LeasedEvent, Positions,
-    RowAddress, Scan, TypeVersions, RELAY_SESSION,
+    hold, lease, set_idle_in_transaction_timeout, LeaseKey, LeasePlan, LeaseTypes, LeasedEvent,
+    Positions, RowAddress, Scan, TypeVersions, RELAY_SESSION,
 };
 pub(crate) use lookup::{aggregate_events, event, EventRow, AGGREGATE_INDEX};
 pub(crate) use ops::DeadRow;

@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use super::{delay_modifier, INSTANT};
 use crate::store::{
-    micros, Failures, LeasePlan, LeaseTypes, LeasedEvent, OnPublish, Scan, Snoozes,
+    micros, Failures, LeaseKey, LeasePlan, LeaseTypes, LeasedEvent, OnPublish, Scan, Snoozes,
 };
 
 /// Now, as the schema stores instants.
@@ -221,7 +221,7 @@ pub(crate) async fn lease(
     let (_turn, mut tx) = pool.begin().await?;
     let conn: &mut SqliteConnection = &mut tx;
     let mut candidates = Vec::new();
-    for (aggregate_type, event_type, subscriber, newest) in lease_keys(conn, plan).await? {
+    for ((aggregate_type, event_type, subscriber), newest) in lease_keys(conn, plan).await? {
         let rows = sqlx::query(CANDIDATES)
             .bind(&aggregate_type)
             .bind(&event_type)
@@ -270,20 +270,16 @@ pub(crate) async fn lease(
 }
 
 /// The keys a lease reads: the plan's types, or every type with pending rows (the plan's up
-/// to their versions).
+/// to their versions) and the subscribers' copies it lists.
 async fn lease_keys(
     conn: &mut SqliteConnection,
     plan: &LeasePlan,
-) -> Result<Vec<(String, String, String, i32)>, sqlx::Error> {
-    let (LeaseTypes::Only(types) | LeaseTypes::All(types)) = &plan.types;
-    let listed = (0..types.event_types.len()).map(|i| {
-        let key = (&types.aggregate_types[i], &types.event_types[i], &types.subscribers[i]);
-        (key.0.clone(), key.1.clone(), key.2.clone(), types.versions[i])
-    });
+) -> Result<Vec<(LeaseKey, i32)>, sqlx::Error> {
+    let mut keys = plan.types.listed();
     if let LeaseTypes::Only(_) = plan.types {
-        return Ok(listed.collect());
+        return Ok(keys);
     }
-    let mut keys: Vec<_> = listed.filter(|key| !key.2.is_empty()).collect();
+    keys.retain(|((_, _, subscriber), _)| !subscriber.is_empty());
     let mut after = (String::new(), String::new());
     while let Some((aggregate_type, event_type)) =
         sqlx::query_as::<_, (String, String)>(NEXT_PENDING_TYPE)
@@ -292,14 +288,9 @@ async fn lease_keys(
             .fetch_optional(&mut *conn)
             .await?
     {
-        let newest = (0..types.event_types.len())
-            .find(|&i| {
-                types.aggregate_types[i] == aggregate_type
-                    && types.event_types[i] == event_type
-                    && types.subscribers[i].is_empty()
-            })
-            .map_or(i32::MAX, |i| types.versions[i]);
-        keys.push((aggregate_type.clone(), event_type.clone(), String::new(), newest));
+        let key = (aggregate_type.clone(), event_type.clone(), String::new());
+        let newest = plan.types.newest_version(&key);
+        keys.push((key, newest));
         after = (aggregate_type, event_type);
     }
     Ok(keys)
