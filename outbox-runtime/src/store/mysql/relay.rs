@@ -1,7 +1,7 @@
 //! The relay's statements on MySQL and MariaDB: the lease and the fenced acknowledgements.
 //!
-//! What PostgreSQL does in one statement takes a short transaction here: MySQL has no
-//! `UPDATE ... RETURNING` (MariaDB has no `UPDATE ... RETURNING` either). The rows are locked
+//! What PostgreSQL does in one statement takes a short transaction here: neither MySQL nor
+//! MariaDB has `UPDATE ... RETURNING`. The rows are locked
 //! first, `FOR UPDATE SKIP LOCKED` (rows another relay or an operator holds are left to them,
 //! and no relay ever waits on one), then updated by their primary key, then read back. The
 //! relay's connections run in `READ COMMITTED`, so a locking read takes no gap locks that
@@ -228,9 +228,10 @@ pub(crate) async fn lease(
         .bind(micros(plan.lease_timeout))
         .execute(&mut *conn)
         .await?;
-    let leased =
-        sqlx::query(LEASED).bind(serde_json::Value::Array(seqs).to_string()).fetch_all(&mut *conn);
-    let leased = leased.await?;
+    let leased = sqlx::query(LEASED)
+        .bind(serde_json::Value::Array(seqs).to_string())
+        .fetch_all(&mut *conn)
+        .await?;
     tx.commit().await?;
     let mut leased = leased
         .iter()

@@ -3,15 +3,16 @@
 //! SQLite writes one transaction at a time, so what PostgreSQL needs row locks and
 //! `SKIP LOCKED` for is a transaction that takes the write lock first (`BEGIN IMMEDIATE`):
 //! while one relay leases, no other statement writes, and the rows it reads are the rows it
-//! updates. Each statement is a short index probe, run many times in one transaction (a call
-//! into the library, not a round trip): by rowid, by the unique `event_id`, or a range of the
-//! partial `outbox_events_pending_by_type` index, so no statistics can turn them into scans.
+//! updates. Each statement reaches its rows by rowid, by the unique `event_id` (a batch of
+//! acknowledgements is one statement, the batch a JSON array joined by it), or by a range of the
+//! partial `outbox_events_pending_by_type` index, so no statistics can turn them into scans
+//! (`tests/relay_backends.rs` checks each plan).
 //!
 //! A lease scans each type from the head of that index every time: SQLite removes an index
 //! entry with its row, so unlike PostgreSQL the head holds no dead entries to step over, and the
 //! scan's starting position (`Scan::From`) is not needed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -206,6 +207,9 @@ struct Candidate {
     available_at: DateTime<Utc>,
 }
 
+/// Where each leased row stood before its lease, by `seq`.
+type Positions = HashMap<i64, DateTime<Utc>>;
+
 /// Leases up to `limit` available rows of the plan's types, oldest first across them, in one
 /// transaction that holds the write lock; `held`: the rows the relay holds, whose expired
 /// leases are not counted.
@@ -244,6 +248,7 @@ pub(crate) async fn lease(
     // Each type's oldest rows came first; the oldest of them all are leased.
     candidates.sort_by_key(|c| (c.available_at, c.seq));
     candidates.truncate(usize::try_from(limit).unwrap_or(0));
+    let positions: Positions = candidates.iter().map(|c| (c.seq, c.available_at)).collect();
     let lease_for = delay_modifier(micros(plan.lease_timeout));
     let mut leased = Vec::with_capacity(candidates.len());
     for expired in [false, true] {
@@ -261,7 +266,7 @@ pub(crate) async fn lease(
             .fetch_all(&mut *conn)
             .await?;
         for row in &rows {
-            leased.push(leased_event(row, token, &candidates)?);
+            leased.push(leased_event(row, token, &positions)?);
         }
     }
     tx.commit().await?;
@@ -299,13 +304,13 @@ async fn lease_keys(
 fn leased_event(
     row: &SqliteRow,
     token: Uuid,
-    candidates: &[Candidate],
+    positions: &Positions,
 ) -> Result<LeasedEvent, sqlx::Error> {
     let seq: i64 = row.try_get(11)?;
-    let available_at =
-        candidates.iter().find(|c| c.seq == seq).map(|c| c.available_at).ok_or_else(|| {
-            sqlx::Error::Protocol(format!("leased row {seq} was not a candidate"))
-        })?;
+    let available_at = positions
+        .get(&seq)
+        .copied()
+        .ok_or_else(|| sqlx::Error::Protocol(format!("leased row {seq} was not a candidate")))?;
     let headers: String = row.try_get(5)?;
     Ok(LeasedEvent {
         event_id: row.try_get(0)?,
