@@ -444,14 +444,8 @@ macro_rules! backend_suite {
                 Relay::builder(pool).handler(handler).concurrency(4).batch_size(10).build().unwrap()
             });
             let [first, second] = relays;
-            let both = async {
-                let done = seen.until(|ids| ids.len() >= 200);
-                let (a, b) = tokio::join!(run_until(first, done), async {
-                    run_until(second, seen.until(|ids| ids.len() >= 200)).await
-                });
-                (a, b)
-            };
-            let (a, b) = both.await;
+            let all = || seen.until(|ids| ids.len() >= 200);
+            let (a, b) = tokio::join!(run_until(first, all()), run_until(second, all()));
             let delivered = seen.ids();
             assert_eq!(delivered.len(), 200, "no event twice");
             assert_eq!(delivered.iter().collect::<HashSet<_>>(), emitted.iter().collect());
