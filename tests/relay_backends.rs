@@ -44,6 +44,21 @@ impl Seen {
         self.changed.notify_waiters();
     }
 
+    /// A handler of `E` that records each delivery and succeeds.
+    fn handler<E: OutboxEvent + Send + 'static>(
+        &self,
+    ) -> impl Fn(EventContext, E) -> std::future::Ready<Result<(), std::io::Error>>
+           + Clone
+           + Send
+           + Sync
+           + 'static {
+        let seen = self.clone();
+        move |ctx: EventContext, _: E| {
+            seen.record(ctx.event_id());
+            std::future::ready(Ok(()))
+        }
+    }
+
     fn ids(&self) -> Vec<Uuid> {
         self.deliveries.lock().unwrap().clone()
     }
@@ -167,16 +182,7 @@ macro_rules! backend_suite {
             let events: Vec<OrderPlaced> = (0..50).map(placed).collect();
             let emitted = emit_each(&pool, &events).await;
             let seen = Seen::default();
-            let handler = {
-                let seen = seen.clone();
-                move |ctx: EventContext, _: OrderPlaced| {
-                    let seen = seen.clone();
-                    async move {
-                        seen.record(ctx.event_id());
-                        Ok::<(), std::io::Error>(())
-                    }
-                }
-            };
+            let handler = seen.handler::<OrderPlaced>();
             let relay = Relay::builder(pool.clone()).handler(handler).build().unwrap();
             let counts = run_until(relay, seen.until(|ids| ids.len() >= 50)).await;
 
@@ -246,16 +252,7 @@ macro_rules! backend_suite {
                 }
             };
             let seen = Seen::default();
-            let works = {
-                let seen = seen.clone();
-                move |ctx: EventContext, _: Posted| {
-                    let seen = seen.clone();
-                    async move {
-                        seen.record(ctx.event_id());
-                        Ok::<(), std::io::Error>(())
-                    }
-                }
-            };
+            let works = seen.handler::<Posted>();
             let relay = Relay::builder(pool.clone())
                 .handler(fails)
                 .handler(works)
@@ -308,16 +305,7 @@ macro_rules! backend_suite {
             // Written by other means than `emit`: valid JSON, not an `OrderPlaced`.
             set(&pool, ids[0], "payload").await;
             let seen = Seen::default();
-            let handler = {
-                let seen = seen.clone();
-                move |ctx: EventContext, _: OrderPlaced| {
-                    let seen = seen.clone();
-                    async move {
-                        seen.record(ctx.event_id());
-                        Ok::<(), std::io::Error>(())
-                    }
-                }
-            };
+            let handler = seen.handler::<OrderPlaced>();
             let relay = Relay::builder(pool.clone())
                 .handler(handler)
                 .max_attempts(2)
@@ -433,14 +421,7 @@ macro_rules! backend_suite {
             let emitted = emit_each(&pool, &events).await;
             let seen = Seen::default();
             let relays = [guard.pool().await, guard.pool().await].map(|pool| {
-                let seen = seen.clone();
-                let handler = move |ctx: EventContext, _: OrderPlaced| {
-                    let seen = seen.clone();
-                    async move {
-                        seen.record(ctx.event_id());
-                        Ok::<(), std::io::Error>(())
-                    }
-                };
+                let handler = seen.handler::<OrderPlaced>();
                 Relay::builder(pool).handler(handler).concurrency(4).batch_size(10).build().unwrap()
             });
             let [first, second] = relays;
